@@ -1,0 +1,15 @@
+// CUDA device discovery and a minimal end-to-end check of the CUDA toolchain and driver.
+#pragma once
+
+#include <string>
+
+namespace ttt::kernels::cuda {
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU.
+int DeviceCount();
+
+// y[i] = a · x[i] + y[i] on device 0 over n host floats, copied there and back. Returns "" on
+// success, else the CUDA error.
+std::string Saxpy(float a, const float* x, float* y, int n);
+
+}  // namespace ttt::kernels::cuda
