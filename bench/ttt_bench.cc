@@ -1,0 +1,142 @@
+// ttt-bench: decode speed of an engine, one JSON object per configuration on stdout.
+//
+//   ttt-bench --model DIR --batch 1,16 --steps 256
+//   ttt-bench --preset 125m --inner linear --batch 1,64 --offset 1024
+//
+// Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
+// times `steps` decode steps of one token per sequence.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/engine/cpu_engine.h"
+#include "server/model/model.h"
+#include "server/model/presets.h"
+#include "server/tools/flag_names.h"
+#include "server/util/status_macros.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory; or use --preset for random weights.");
+ABSL_FLAG(std::string, preset, "", "125m, 350m, 760m or 1b, with random weights.");
+ABSL_FLAG(std::string, inner, "linear", "With --preset: linear or mlp.");
+ABSL_FLAG(std::string, backbone, "mamba", "With --preset: mamba or transformer.");
+ABSL_FLAG(std::string, batch, "1,16", "Batch sizes, comma separated.");
+ABSL_FLAG(int64_t, offset, 64, "Tokens each sequence holds before the timed steps.");
+ABSL_FLAG(int32_t, steps, 128, "Timed decode steps per configuration.");
+ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
+
+namespace ttt {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const Model>> BenchModel() {
+  if (!absl::GetFlag(FLAGS_model).empty()) return LoadModel(absl::GetFlag(FLAGS_model));
+  const std::string preset = absl::GetFlag(FLAGS_preset), inner = absl::GetFlag(FLAGS_inner);
+  const std::string backbone = absl::GetFlag(FLAGS_backbone);
+  if (preset.empty()) return absl::InvalidArgumentError("give --model or --preset");
+  if (inner != "linear" && inner != "mlp") {
+    return absl::InvalidArgumentError("--inner: linear or mlp");
+  }
+  if (backbone != "mamba" && backbone != "transformer") {
+    return absl::InvalidArgumentError("--backbone: mamba or transformer");
+  }
+  TTT_ASSIGN_OR_RETURN(
+      ModelConfig config,
+      PresetConfig(preset, inner == "mlp" ? TttLayerType::kMlp : TttLayerType::kLinear,
+                   backbone == "mamba"));
+  ModelWeights weights = ModelWeights::Random(config, /*seed=*/1);
+  return std::make_shared<const Model>(
+      Model{absl::StrCat(preset, "-", inner, "-", backbone), config, std::move(weights), nullptr});
+}
+
+double Percentile(std::vector<double> values, double p) {
+  std::sort(values.begin(), values.end());
+  const size_t i = std::min(values.size() - 1, static_cast<size_t>(p * values.size()));
+  return values[i];
+}
+
+absl::Status Run() {
+  TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
+  const ModelConfig& c = model->config;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  for (absl::string_view batch_text : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
+    int32_t batch;
+    if (!absl::SimpleAtoi(batch_text, &batch) || batch <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--batch: '", batch_text, "' is not a size"));
+    }
+    CpuEngine engine(model);
+    std::vector<SequenceChunk> chunks(batch);
+    std::vector<std::vector<int32_t>> tokens(batch);
+    for (int32_t b = 0; b < batch; ++b) {
+      TTT_ASSIGN_OR_RETURN(chunks[b].slot, engine.CreateSequence());
+      tokens[b].resize(absl::GetFlag(FLAGS_offset));
+      for (int32_t& t : tokens[b]) t = token(rng);
+      chunks[b].tokens = tokens[b];
+    }
+    std::vector<float> logits;
+    if (absl::GetFlag(FLAGS_offset) > 0) {
+      TTT_RETURN_IF_ERROR(engine.Forward(chunks, LogitsFor::kNone, &logits));
+    }
+    for (int32_t b = 0; b < batch; ++b) tokens[b] = {token(rng)};
+    for (int32_t b = 0; b < batch; ++b) chunks[b].tokens = tokens[b];
+
+    std::vector<double> step_seconds;
+    const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
+    for (int32_t s = 0; s < warmup + steps; ++s) {
+      const auto start = std::chrono::steady_clock::now();
+      TTT_RETURN_IF_ERROR(engine.Forward(chunks, LogitsFor::kLastToken, &logits));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (s >= warmup) step_seconds.push_back(seconds);
+      // Feed back the argmax, as greedy decoding would.
+      for (int32_t b = 0; b < batch; ++b) {
+        const float* row = logits.data() + int64_t{b} * c.vocab_size;
+        tokens[b][0] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
+      }
+    }
+    double total = 0;
+    for (double s : step_seconds) total += s;
+    const double p50 = Percentile(step_seconds, 0.5);
+    nlohmann::json result = {
+        {"backend", engine.backend()},
+        {"model", model->name},
+        {"inner", c.ttt_layer_type == TttLayerType::kMlp ? "mlp" : "linear"},
+        {"batch", batch},
+        {"offset", absl::GetFlag(FLAGS_offset)},
+        {"steps", steps},
+        {"tokens_per_s", batch / p50},
+        {"tokens_per_s_mean", batch * steps / total},
+        {"step_ms_p50", 1e3 * p50},
+        {"step_ms_p99", 1e3 * Percentile(step_seconds, 0.99)},
+        {"state_bytes_per_sequence", engine.state_bytes()},
+        {"weight_bytes", model->weights.total_bytes()},
+    };
+    std::printf("%s\n", result.dump().c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ttt
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (absl::Status status = ttt::Run(); !status.ok()) {
+    std::fprintf(stderr, "ttt-bench: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,66 @@
+// The backend-neutral engine: per-sequence TTT states addressed by slot, advanced by feeding tokens.
+//
+// A sequence's state has a fixed size whatever its length (θ0 per layer and head, the open
+// mini-batch window's pending tokens, conv histories): that is what makes fork, snapshot and
+// resume one copy each. Every backend (CPU here, CUDA later) implements this interface and computes
+// the same function, so tests and the server run unchanged on either.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/model/config.h"
+
+namespace ttt {
+
+// A sequence's state slot. Slots stay put while others come and go.
+using SequenceSlot = int32_t;
+
+// Tokens to append to one sequence, after everything it has absorbed.
+struct SequenceChunk {
+  SequenceSlot slot = -1;
+  std::span<const int32_t> tokens;
+};
+
+enum class LogitsFor {
+  kNone,        // Only advance the states (prefill that needs no output).
+  kLastToken,   // One row per chunk: the logits after its last token.
+  kEveryToken,  // One row per token, chunks in order.
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string_view backend() const = 0;
+  // Bytes of one sequence's state.
+  virtual size_t state_bytes() const = 0;
+
+  // A fresh sequence: θ0 from the checkpoint, nothing absorbed.
+  virtual absl::StatusOr<SequenceSlot> CreateSequence() = 0;
+  virtual absl::Status ReleaseSequence(SequenceSlot slot) = 0;
+  // A new sequence whose state is a copy of `source`'s: both then continue independently.
+  virtual absl::StatusOr<SequenceSlot> ForkSequence(SequenceSlot source) = 0;
+  // Tokens absorbed so far.
+  virtual absl::StatusOr<int64_t> SequenceLength(SequenceSlot slot) const = 0;
+
+  // The state as versioned bytes naming the model it belongs to (see state_codec.h).
+  virtual absl::StatusOr<std::string> SaveSequence(SequenceSlot slot) const = 0;
+  // A new sequence from SaveSequence's bytes; bytes of another model or corrupt bytes are refused.
+  virtual absl::StatusOr<SequenceSlot> RestoreSequence(std::string_view bytes) = 0;
+
+  // Feeds every chunk's tokens to its sequence: prefill and decode alike (decode is one token per
+  // chunk), sequences at any offsets, in one batch. Chunks must name distinct live slots and
+  // tokens must lie in [0, vocab_size); kLastToken needs every chunk non-empty. Inputs are checked
+  // before any state changes, so a bad call leaves every sequence as it was. Writes
+  // rows × vocab_size floats to *logits as `which` says.
+  virtual absl::Status Forward(std::span<const SequenceChunk> batch, LogitsFor which,
+                               std::vector<float>* logits) = 0;
+};
+
+}  // namespace ttt

@@ -1,0 +1,35 @@
+// Where each part of a sequence's TTT state lives in its flat float32 buffer. Shared by backends so
+// a saved state means the same thing everywhere.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "server/model/config.h"
+
+namespace ttt {
+
+struct StateLayout {
+  explicit StateLayout(const ModelConfig& config);
+
+  // Offsets in floats from the start of a layer's block.
+  size_t W1 = 0;          // [nh, f, f1]  θ0
+  size_t b1 = 0;          // [nh, f1]
+  size_t W2 = 0;          // [nh, f1, f]  (mlp)
+  size_t b2 = 0;          // [nh, f]      (mlp)
+  size_t pending_k = 0;   // [nh, K, f]   the open window's tokens: keys,
+  size_t pending_g1 = 0;  // [nh, K, f1]  gradients at θ0,
+  size_t pending_lr = 0;  // [nh, K]      inner learning rates,
+  size_t pending_x2 = 0;  // [nh, K, f1]  hidden activations (mlp),
+  size_t pending_g2 = 0;  // [nh, K, f]   second-layer gradients (mlp).
+  size_t conv_pre = 0;    // [ck−1, D]    pre-conv input history (pre_conv)
+  size_t conv_qk = 0;     // [ck−1, D]    shared q/k conv input history (share_qk)
+  size_t layer_floats = 0;
+
+  int64_t num_layers = 0;
+  size_t total_floats() const { return layer_floats * num_layers; }
+  size_t total_bytes() const { return total_floats() * sizeof(float); }
+  size_t layer_offset(int64_t layer) const { return layer_floats * layer; }
+};
+
+}  // namespace ttt
