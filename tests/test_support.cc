@@ -104,7 +104,7 @@ std::string ScratchDir() {
 }
 
 std::vector<float> FeedInChunks(Engine& engine, SequenceSlot slot, std::span<const int32_t> tokens,
-                                std::span<const int64_t> chunk_sizes) {
+                                const std::vector<int64_t>& chunk_sizes) {
   std::vector<float> all, logits;
   size_t at = 0;
   for (size_t i = 0; at < tokens.size(); ++i) {

@@ -44,6 +44,6 @@ std::string ScratchDir();
 
 // Feeds `tokens` to `slot` in chunks of the given sizes (cycled) and returns every position's logits.
 std::vector<float> FeedInChunks(Engine& engine, SequenceSlot slot, std::span<const int32_t> tokens,
-                                std::span<const int64_t> chunk_sizes);
+                                const std::vector<int64_t>& chunk_sizes);
 
 }  // namespace ttt::testing

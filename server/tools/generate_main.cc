@@ -53,6 +53,11 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Model& model) {
       if (!absl::SimpleAtoi(piece, &id)) {
         return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: '", piece, "' is not an id"));
       }
+      if (id < 0 || id >= model.config.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: id ", id,
+                                                       " is outside the vocabulary [0, ",
+                                                       model.config.vocab_size, ")"));
+      }
       tokens.push_back(id);
     }
   } else if (!text.empty()) {
