@@ -1,10 +1,12 @@
 // ttt-bench: decode speed of an engine, one JSON object per configuration on stdout.
 //
 //   ttt-bench --model DIR --batch 1,16 --steps 256
-//   ttt-bench --preset 125m --inner linear --batch 1,64 --offset 1024
+//   ttt-bench --backend cuda --preset 125m --inner linear --batch 1,64,256 --offset 1024
 //
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
-// times `steps` decode steps of one token per sequence.
+// times `steps` decode steps of one token per sequence. On CUDA it also reports the memory floor:
+// the weights plus every sequence's state read once per step, over the device-to-device copy
+// bandwidth measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,11 +21,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/engine/cpu_engine.h"
+#include "server/engine/engine_factory.h"
 #include "server/model/model.h"
 #include "server/model/presets.h"
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
+#if TTT_WITH_CUDA
+#include "kernels/cuda_device.h"
+#endif
 
 ABSL_FLAG(std::string, model, "", "Model directory; or use --preset for random weights.");
 ABSL_FLAG(std::string, preset, "", "125m, 350m, 760m or 1b, with random weights.");
@@ -33,6 +38,9 @@ ABSL_FLAG(std::string, batch, "1,16", "Batch sizes, comma separated.");
 ABSL_FLAG(int64_t, offset, 64, "Tokens each sequence holds before the timed steps.");
 ABSL_FLAG(int32_t, steps, 128, "Timed decode steps per configuration.");
 ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
+ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine call.");
+ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda.");
+ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 
 namespace ttt {
 namespace {
@@ -63,8 +71,25 @@ double Percentile(std::vector<double> values, double p) {
   return values[i];
 }
 
+// Device copy bandwidth (bytes read + written per second), or 0 on the CPU.
+absl::StatusOr<double> CopyBandwidth(std::string_view backend) {
+#if TTT_WITH_CUDA
+  if (backend.starts_with("cuda")) {
+    std::string error;
+    const double bandwidth = kernels::cuda::MeasureCopyBandwidth(size_t{1} << 31, &error);
+    if (!error.empty()) return absl::InternalError(error);
+    return bandwidth;
+  }
+#endif
+  return 0.0;
+}
+
 absl::Status Run() {
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
+  TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
+                       ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
+  const EngineOptions engine_options{.backend = absl::GetFlag(FLAGS_backend),
+                                     .precision = precision};
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
@@ -73,7 +98,11 @@ absl::Status Run() {
     if (!absl::SimpleAtoi(batch_text, &batch) || batch <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("--batch: '", batch_text, "' is not a size"));
     }
-    CpuEngine engine(model);
+    EngineOptions options = engine_options;
+    options.max_sequences = batch;
+    TTT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine_ptr, CreateEngine(model, options));
+    Engine& engine = *engine_ptr;
+    TTT_ASSIGN_OR_RETURN(const double bandwidth, CopyBandwidth(engine.backend()));
     std::vector<SequenceChunk> chunks(batch);
     std::vector<std::vector<int32_t>> tokens(batch);
     for (int32_t b = 0; b < batch; ++b) {
@@ -83,9 +112,16 @@ absl::Status Run() {
       chunks[b].tokens = tokens[b];
     }
     std::vector<float> logits;
-    if (absl::GetFlag(FLAGS_offset) > 0) {
+    const int64_t offset = absl::GetFlag(FLAGS_offset), step = absl::GetFlag(FLAGS_prefill_chunk);
+    const auto prefill_start = std::chrono::steady_clock::now();
+    for (int64_t at = 0; at < offset; at += step) {
+      for (int32_t b = 0; b < batch; ++b) {
+        chunks[b].tokens = std::span(tokens[b]).subspan(at, std::min(step, offset - at));
+      }
       TTT_RETURN_IF_ERROR(engine.Forward(chunks, LogitsFor::kNone, &logits));
     }
+    const double prefill_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
     for (int32_t b = 0; b < batch; ++b) tokens[b] = {token(rng)};
     for (int32_t b = 0; b < batch; ++b) chunks[b].tokens = tokens[b];
 
@@ -106,6 +142,8 @@ absl::Status Run() {
     double total = 0;
     for (double s : step_seconds) total += s;
     const double p50 = Percentile(step_seconds, 0.5);
+    const double floor_bytes =
+        static_cast<double>(engine.weight_bytes()) + double(batch) * engine.state_bytes();
     nlohmann::json result = {
         {"backend", engine.backend()},
         {"model", model->name},
@@ -118,8 +156,14 @@ absl::Status Run() {
         {"step_ms_p50", 1e3 * p50},
         {"step_ms_p99", 1e3 * Percentile(step_seconds, 0.99)},
         {"state_bytes_per_sequence", engine.state_bytes()},
-        {"weight_bytes", model->weights.total_bytes()},
+        {"weight_bytes", engine.weight_bytes()},
     };
+    if (offset > 0) result["prefill_tokens_per_s"] = double(batch) * offset / prefill_seconds;
+    if (bandwidth > 0) {
+      result["copy_bandwidth_gb_per_s"] = bandwidth / 1e9;
+      result["memory_floor_ms"] = 1e3 * floor_bytes / bandwidth;
+      result["fraction_of_memory_floor"] = floor_bytes / bandwidth / p50;
+    }
     std::printf("%s\n", result.dump().c_str());
     std::fflush(stdout);
   }

@@ -12,4 +12,8 @@ int DeviceCount();
 // success, else the CUDA error.
 std::string Saxpy(float a, const float* x, float* y, int n);
 
+// Device-to-device copy bandwidth in bytes per second (bytes read plus bytes written), the median
+// of several copies of `bytes`; 0 with *error set on failure.
+double MeasureCopyBandwidth(size_t bytes, std::string* error);
+
 }  // namespace ttt::kernels::cuda

@@ -22,6 +22,7 @@ class CpuEngine : public Engine {
   const ModelConfig& config() const override { return model_->config; }
   std::string_view backend() const override { return "cpu"; }
   size_t state_bytes() const override { return layout_.total_bytes(); }
+  size_t weight_bytes() const override { return model_->weights.total_bytes(); }
 
   absl::StatusOr<SequenceSlot> CreateSequence() override;
   absl::Status ReleaseSequence(SequenceSlot slot) override;

@@ -40,6 +40,8 @@ class Engine {
   virtual std::string_view backend() const = 0;
   // Bytes of one sequence's state.
   virtual size_t state_bytes() const = 0;
+  // Bytes of the weights as this backend holds them.
+  virtual size_t weight_bytes() const = 0;
 
   // A fresh sequence: θ0 from the checkpoint, nothing absorbed.
   virtual absl::StatusOr<SequenceSlot> CreateSequence() = 0;

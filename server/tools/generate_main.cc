@@ -1,4 +1,4 @@
-// ttt-generate: offline generation with the CPU engine, and a way to check it against a reference.
+// ttt-generate: offline generation, and a way to check an engine against a reference.
 //
 //   ttt-generate --model DIR --prompt "Once upon a time" --max-new-tokens 64
 //   ttt-generate --model DIR --prompt-ids 5,17,9 --logits-out logits.safetensors --chunk 1
@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/engine/cpu_engine.h"
+#include "server/engine/engine_factory.h"
 #include "server/engine/sampler.h"
 #include "server/model/model.h"
 #include "server/model/safetensors.h"
@@ -37,6 +37,8 @@ ABSL_FLAG(int32_t, chunk, 0, "Feed the prompt this many tokens per engine call (
 ABSL_FLAG(std::string, logits_out, "",
           "Write the F32 logits of every prompt position here, as safetensors tensor 'logits' [T, V].");
 ABSL_FLAG(bool, print_ids, false, "Print the generated token ids instead of text.");
+ABSL_FLAG(std::string, backend, "cpu", "cpu, cuda or auto (cuda when a GPU is present).");
+ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 
 namespace ttt {
 namespace {
@@ -96,7 +98,13 @@ absl::Status Run() {
   const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
   const int64_t V = model->config.vocab_size;
 
-  CpuEngine engine(model);
+  TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
+                       ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
+  TTT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine_ptr,
+                       CreateEngine(model, {.backend = absl::GetFlag(FLAGS_backend),
+                                            .precision = precision,
+                                            .max_sequences = 1}));
+  Engine& engine = *engine_ptr;
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, engine.CreateSequence());
 
   // Prefill, chunk by chunk; the logits of every position are kept only when asked for.

@@ -23,6 +23,8 @@ std::string VariantName(const Variant& v) {
                       v.pre_conv ? "_preconv" : "");
 }
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << VariantName(v); }
+
 std::vector<Variant> AllVariants() {
   std::vector<Variant> variants;
   for (int64_t f : {16, 32, 64, 96}) {

@@ -1,0 +1,58 @@
+// Device helpers shared by the kernels: reductions, activations, typed stores.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda_ops.h"
+
+namespace ttt::kernels::cuda {
+
+inline constexpr int kWarp = 32;
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). `scratch` holds 32 floats;
+// every thread gets the result. Callable repeatedly (it syncs before reusing scratch).
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = WarpSum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = lane < warps ? scratch[lane] : 0.0f;
+  return WarpSum(total);
+}
+
+__device__ __forceinline__ float Gelu(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float GeluDerivative(float x) {
+  const float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.0f - t * t) * (0.7978845608f + 0.1070322243f * x * x) + 0.5f * (1.0f + t);
+}
+
+__device__ __forceinline__ void Store(void* out, int64_t i, float v, ElementType type) {
+  if (type == ElementType::kBFloat16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16(v);
+  } else {
+    static_cast<float*>(out)[i] = v;
+  }
+}
+
+__device__ __forceinline__ float Load(const void* in, int64_t i, ElementType type) {
+  if (type == ElementType::kBFloat16) return __bfloat162float(static_cast<const __nv_bfloat16*>(in)[i]);
+  return static_cast<const float*>(in)[i];
+}
+
+__device__ __forceinline__ float* SequenceState(const StateAddress& state, int slot) {
+  return state.states + static_cast<size_t>(slot) * state.slot_floats + state.layer_offset;
+}
+
+inline int RoundUpToWarp(int n) { return (n + kWarp - 1) / kWarp * kWarp; }
+
+}  // namespace ttt::kernels::cuda

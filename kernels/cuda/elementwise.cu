@@ -1,0 +1,87 @@
+// Embedding lookup, activations, residual adds, row gathers and conversions.
+#include "kernels/cuda/common.cuh"
+
+namespace ttt::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+__global__ void EmbeddingGatherKernel(const int32_t* tokens, const void* table, ElementType type,
+                                      int D, float* h) {
+  const int64_t row = blockIdx.x;
+  const int64_t base = static_cast<int64_t>(tokens[row]) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) h[row * D + i] = Load(table, base + i, type);
+}
+
+__global__ void GeluGateKernel(const float* gate, const float* y, int64_t n, void* out,
+                               ElementType out_type) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) Store(out, i, Gelu(gate[i]) * y[i], out_type);
+}
+
+__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, void* out,
+                             ElementType out_type) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) Store(out, i, gate[i] / (1.0f + expf(-gate[i])) * up[i], out_type);
+}
+
+__global__ void AddKernel(float* h, const float* delta, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) h[i] += delta[i];
+}
+
+__global__ void GatherRowsKernel(const float* x, const int32_t* rows, int D, float* out) {
+  const int64_t src = static_cast<int64_t>(rows[blockIdx.x]) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) out[int64_t{blockIdx.x} * D + i] = x[src + i];
+}
+
+__global__ void ToBFloat16Kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
+}  // namespace
+
+cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const void* table, ElementType type,
+                            int D, float* h, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  EmbeddingGatherKernel<<<rows, kThreads, 0, stream>>>(tokens, table, type, D, h);
+  return cudaGetLastError();
+}
+
+cudaError_t GeluGate(const float* gate, const float* y, int64_t n, void* out, ElementType out_type,
+                     cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  GeluGateKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, y, n, out, out_type);
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGlu(const float* gate, const float* up, int64_t n, void* out, ElementType out_type,
+                   cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, out, out_type);
+  return cudaGetLastError();
+}
+
+cudaError_t AddInPlace(float* h, const float* delta, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(h, delta, n);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  GatherRowsKernel<<<n, kThreads, 0, stream>>>(x, rows, D, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ToBFloat16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
+  return cudaGetLastError();
+}
+
+}  // namespace ttt::kernels::cuda

@@ -1,0 +1,226 @@
+// The TTT inner loop on the GPU: one block per (sequence, head), tokens in order.
+//
+// Each token: its gradient at θ0 joins the window's pending tokens (kept in the state, so a
+// sequence can stop and resume anywhere), its output is the dual-form row over the window's tokens
+// up to itself, and after a window's last token θ0 is rewritten. Thread c owns column c of W1 (and
+// row c of W2), so the pass over θ0 for a token reads every weight once, coalesced.
+//
+// This is the straightforward form: θ0 stays in device memory (L1/L2-cached) rather than in
+// shared memory across tokens.
+#include "kernels/cuda/common.cuh"
+
+namespace ttt::kernels::cuda {
+namespace {
+
+constexpr int kMaxK = 64;  // Mini-batch sizes up to this (16 in every known model).
+
+struct SharedScratch {
+  float reduce[kWarp];
+  float coef[kMaxK];
+};
+
+// ∂/∂z of ½‖LN(z) − target‖² for the value z of this thread (active threads only hold values;
+// the others pass active = false). Also returns LN(z) via *normalized.
+__device__ float LayerNormL2Gradient(float z, float target, bool active, int f, float gamma,
+                                     float beta, float eps, float* scratch, float* normalized) {
+  const float mean = BlockSum(active ? z : 0.0f, scratch) / f;
+  const float centered = active ? z - mean : 0.0f;
+  const float var = BlockSum(centered * centered, scratch) / f;
+  const float inv_std = rsqrtf(var + eps);
+  const float xhat = centered * inv_std;
+  *normalized = gamma * xhat + beta;
+  const float e = active ? gamma * (*normalized - target) : 0.0f;
+  const float sum_e = BlockSum(e, scratch);
+  const float sum_e_xhat = BlockSum(e * xhat, scratch);
+  return (f * e - sum_e - xhat * sum_e_xhat) * inv_std / f;
+}
+
+__device__ float LayerNormOf(float z, bool active, int f, float gamma, float beta, float eps,
+                             float* scratch) {
+  const float mean = BlockSum(active ? z : 0.0f, scratch) / f;
+  const float centered = active ? z - mean : 0.0f;
+  const float var = BlockSum(centered * centered, scratch) / f;
+  return gamma * centered * rsqrtf(var + eps) + beta;
+}
+
+// coef[j] = τ_r · lr_j · (a · b_j + 1) for j ≤ r, where b_j are rows of `rows` [K, width].
+__device__ void DualCoefficients(const float* a, const float* rows, int width, int r, float tau_r,
+                                 const float* lr, float* coef) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int j = warp; j <= r; j += blockDim.x / kWarp) {
+    float dot = 0;
+    for (int d = lane; d < width; d += kWarp) dot += a[d] * rows[j * width + d];
+    dot = WarpSum(dot);
+    if (lane == 0) coef[j] = tau_r * lr[j] * (dot + 1.0f);
+  }
+}
+
+__global__ void TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all,
+                              const float* k_all, const float* v_all, const float* lr_all,
+                              StateAddress state, TttStateOffsets off, float* out_all) {
+  extern __shared__ float dynamic[];
+  __shared__ SharedScratch shared;
+  const int f = p.f, f1 = p.f1, K = p.K, nh = p.nh, D = nh * f;
+  float* q = dynamic;        // [f]
+  float* k = q + f;          // [f]
+  float* x2bar = k + f;      // [f1] (mlp)
+  float* x2 = x2bar + f1;    // [f1] (mlp)
+  float* g2 = x2 + f1;       // [f] (mlp)
+
+  const Segment seg = segments[blockIdx.x / nh];
+  const int head = blockIdx.x % nh;
+  float* base = SequenceState(state, seg.slot);
+  float* W1 = base + off.W1 + static_cast<size_t>(head) * f * f1;
+  float* b1 = base + off.b1 + head * f1;
+  float* W2 = base + off.W2 + static_cast<size_t>(head) * f1 * f;
+  float* b2 = base + off.b2 + head * f;
+  float* pk = base + off.k + head * K * f;
+  float* pg1 = base + off.g1 + head * K * f1;
+  float* plr = base + off.lr + head * K;
+  float* px2 = base + off.x2 + head * K * f1;
+  float* pg2 = base + off.g2 + head * K * f;
+
+  const int c = threadIdx.x;
+  const bool in_f = c < f, in_f1 = c < f1;
+  const float gamma = in_f ? p.ln_weight[head * f + c] : 0.0f;
+  const float beta = in_f ? p.ln_bias[head * f + c] : 0.0f;
+
+  for (int i = 0; i < seg.count; ++i) {
+    const int64_t row = seg.row + i;
+    const int r = static_cast<int>((seg.start + i) % K);
+    const int64_t at = row * D + head * f;
+    if (in_f) {
+      q[c] = q_all[at + c];
+      k[c] = k_all[at + c];
+    }
+    const float v_c = in_f ? v_all[at + c] : 0.0f;
+    const float lr_t = lr_all[row * nh + head];
+    __syncthreads();
+
+    // z1 = k W1 + b1 and zq = q W1 + b1 in one pass over column c of W1.
+    float z1 = 0, zq = 0;
+    if (in_f1) {
+      z1 = zq = b1[c];
+#pragma unroll 8
+      for (int d = 0; d < f; ++d) {
+        const float w = W1[d * f1 + c];
+        z1 += k[d] * w;
+        zq += q[d] * w;
+      }
+    }
+    float zbar;  // The final layer's pre-LN output for this token (valid for c < f).
+    if (!p.mlp) {
+      float unused;
+      const float target = in_f ? v_c - k[c] : 0.0f;
+      const float g = LayerNormL2Gradient(z1, target, in_f, f, gamma, beta, p.ln_eps, shared.reduce,
+                                          &unused);
+      if (in_f) {
+        pg1[r * f1 + c] = g;
+        pk[r * f + c] = k[c];
+      }
+      if (c == 0) plr[r] = lr_t;
+      __syncthreads();  // Pending rows visible to the whole block.
+      DualCoefficients(q, pk, f, r, p.tau[r], plr, shared.coef);
+      __syncthreads();
+      zbar = zq;
+      if (in_f) {
+        for (int j = 0; j <= r; ++j) zbar -= shared.coef[j] * pg1[j * f1 + c];
+      }
+    } else {
+      // Key side: x2 = gelu(z1), z2 = x2 W2 + b2, g2 at z2, g1 = (g2 W2ᵀ) ⊙ gelu′(z1).
+      if (in_f1) x2[c] = Gelu(z1);
+      __syncthreads();
+      float z2 = 0;
+      if (in_f) {
+        z2 = b2[c];
+#pragma unroll 8
+        for (int d = 0; d < f1; ++d) z2 += x2[d] * W2[d * f + c];
+      }
+      float unused;
+      const float target = in_f ? v_c - k[c] : 0.0f;
+      const float g2_c = LayerNormL2Gradient(z2, target, in_f, f, gamma, beta, p.ln_eps,
+                                             shared.reduce, &unused);
+      if (in_f) {
+        g2[c] = g2_c;
+        pg2[r * f + c] = g2_c;
+        pk[r * f + c] = k[c];
+      }
+      if (in_f1) px2[r * f1 + c] = x2[c];
+      if (c == 0) plr[r] = lr_t;
+      __syncthreads();
+      if (in_f1) {
+        float back = 0;
+        for (int e = 0; e < f; ++e) back += g2[e] * W2[c * f + e];
+        pg1[r * f1 + c] = back * GeluDerivative(z1);
+      }
+      __syncthreads();
+      // Query side, first layer.
+      DualCoefficients(q, pk, f, r, p.tau[r], plr, shared.coef);
+      __syncthreads();
+      if (in_f1) {
+        float zbar1 = zq;
+        for (int j = 0; j <= r; ++j) zbar1 -= shared.coef[j] * pg1[j * f1 + c];
+        x2bar[c] = Gelu(zbar1);
+      }
+      __syncthreads();
+      // Second layer.
+      DualCoefficients(x2bar, px2, f1, r, p.tau[r], plr, shared.coef);
+      __syncthreads();
+      zbar = 0;
+      if (in_f) {
+        zbar = b2[c];
+#pragma unroll 8
+        for (int d = 0; d < f1; ++d) zbar += x2bar[d] * W2[d * f + c];
+        for (int j = 0; j <= r; ++j) zbar -= shared.coef[j] * pg2[j * f + c];
+      }
+    }
+    const float normalized = LayerNormOf(zbar, in_f, f, gamma, beta, p.ln_eps, shared.reduce);
+    if (in_f) out_all[at + c] = q[c] + normalized;
+
+    // After the window's last token, θ0 takes the last token's θ̄.
+    if (r == K - 1) {
+      const float tau = p.tau[K - 1];
+      if (in_f1) {
+        for (int d = 0; d < f; ++d) {
+          float update = 0;
+          for (int j = 0; j < K; ++j) update += plr[j] * pk[j * f + d] * pg1[j * f1 + c];
+          W1[d * f1 + c] -= tau * update;
+        }
+        float update = 0;
+        for (int j = 0; j < K; ++j) update += plr[j] * pg1[j * f1 + c];
+        b1[c] -= tau * update;
+      }
+      if (p.mlp) {
+        if (in_f1) {
+          for (int e = 0; e < f; ++e) {
+            float update = 0;
+            for (int j = 0; j < K; ++j) update += plr[j] * px2[j * f1 + c] * pg2[j * f + e];
+            W2[c * f + e] -= tau * update;
+          }
+        }
+        if (in_f) {
+          float update = 0;
+          for (int j = 0; j < K; ++j) update += plr[j] * pg2[j * f + c];
+          b2[c] -= tau * update;
+        }
+      }
+    }
+    __syncthreads();  // θ0, pending rows and shared inputs settle before the next token.
+  }
+}
+
+}  // namespace
+
+cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,
+                    const float* q, const float* k, const float* v, const float* lr,
+                    StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream) {
+  if (num_segments == 0) return cudaSuccess;
+  if (params.K > kMaxK || params.f1 > 1024) return cudaErrorInvalidValue;
+  const int threads = RoundUpToWarp(params.f1);
+  const size_t shared_bytes = sizeof(float) * (3 * params.f + 2 * params.f1);
+  TttScanKernel<<<num_segments * params.nh, threads, shared_bytes, stream>>>(
+      params, segments, q, k, v, lr, state, offsets, out);
+  return cudaGetLastError();
+}
+
+}  // namespace ttt::kernels::cuda

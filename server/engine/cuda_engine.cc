@@ -1,0 +1,614 @@
+#include "server/engine/cuda_engine.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_ops.h"
+#include "server/engine/state_codec.h"
+#include "server/engine/state_layout.h"
+#include "server/util/absl_string_view.h"
+#include "server/util/status_macros.h"
+
+namespace ttt {
+namespace {
+
+namespace cu = kernels::cuda;
+
+constexpr float kLayerNormEps = 1e-6f;  // Inner LayerNorm and PostLN (spec §3.5, §3.8).
+
+absl::Status CudaStatus(cudaError_t error, std::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const auto code = error == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
+                                                       : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat("CUDA error in ", AbslView(what), ": ",
+                                         cudaGetErrorString(error)));
+}
+
+absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cuBLAS error in ", AbslView(what), ": ", cublasGetStatusString(status)));
+}
+
+#define TTT_CUDA(expr) TTT_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+#define TTT_CUBLAS(expr) TTT_RETURN_IF_ERROR(CublasStatus((expr), #expr))
+
+// Owns one device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+
+  // Grows (never shrinks) to at least `bytes`; contents are not kept.
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+    TTT_CUDA(cudaMalloc(&data_, bytes));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct LayerWeights {
+  const float *conv_norm = nullptr, *conv_w = nullptr, *conv_b = nullptr;  // pre_conv
+  const float* seq_norm = nullptr;
+  const void *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *o_proj = nullptr,
+             *g_proj = nullptr, *lr_w = nullptr;
+  const float *conv_q_w = nullptr, *conv_q_b = nullptr, *conv_k_w = nullptr, *conv_k_b = nullptr;
+  const float *lr_b = nullptr, *tau = nullptr, *ttt_norm_w = nullptr, *ttt_norm_b = nullptr;
+  const float *post_norm_w = nullptr, *post_norm_b = nullptr, *ffn_norm = nullptr;
+  const void *gate_proj = nullptr, *up_proj = nullptr, *down_proj = nullptr;
+};
+
+// GEMM operands (weights and the activations fed to them) are in the weight precision.
+bool IsGemmWeight(std::string_view name) {
+  return name.ends_with("proj.weight") || name == "lm_head.weight" ||
+         name == "model.embed_tokens.weight" || name.ends_with("learnable_ttt_lr_weight");
+}
+
+class CudaEngine : public Engine {
+ public:
+  CudaEngine(std::shared_ptr<const Model> model, const CudaEngineOptions& options)
+      : model_(std::move(model)), options_(options), layout_(model_->config) {}
+
+  ~CudaEngine() override {
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Initialize();
+
+  const ModelConfig& config() const override { return model_->config; }
+  std::string_view backend() const override {
+    return options_.precision == WeightPrecision::kBFloat16 ? "cuda-bf16" : "cuda-f32";
+  }
+  size_t state_bytes() const override { return layout_.total_bytes(); }
+  size_t weight_bytes() const override {
+    size_t bytes = 0;
+    for (const DeviceBuffer& buffer : weight_buffers_) bytes += buffer.bytes();
+    return bytes;
+  }
+
+  absl::StatusOr<SequenceSlot> CreateSequence() override;
+  absl::Status ReleaseSequence(SequenceSlot slot) override;
+  absl::StatusOr<SequenceSlot> ForkSequence(SequenceSlot source) override;
+  absl::StatusOr<int64_t> SequenceLength(SequenceSlot slot) const override;
+  absl::StatusOr<std::string> SaveSequence(SequenceSlot slot) const override;
+  absl::StatusOr<SequenceSlot> RestoreSequence(std::string_view bytes) override;
+  absl::Status Forward(std::span<const SequenceChunk> batch, LogitsFor which,
+                       std::vector<float>* logits) override;
+
+ private:
+  cu::ElementType gemm_type() const {
+    return options_.precision == WeightPrecision::kBFloat16 ? cu::ElementType::kBFloat16
+                                                            : cu::ElementType::kFloat32;
+  }
+  size_t gemm_element_bytes() const {
+    return options_.precision == WeightPrecision::kBFloat16 ? 2 : 4;
+  }
+  float* slot_state(SequenceSlot slot) const {
+    return pool_.get<float>() + static_cast<size_t>(slot) * layout_.total_floats();
+  }
+
+  absl::Status UploadWeights();
+  absl::Status CheckSlot(SequenceSlot slot, std::string_view field) const;
+  absl::StatusOr<SequenceSlot> TakeSlot();
+  absl::Status Validate(std::span<const SequenceChunk> batch, LogitsFor which) const;
+  absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
+  // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in].
+  absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
+                    bool accumulate);
+  absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments);
+
+  std::shared_ptr<const Model> model_;
+  CudaEngineOptions options_;
+  StateLayout layout_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+
+  std::vector<DeviceBuffer> weight_buffers_;
+  std::vector<LayerWeights> layers_;
+  const void* embedding_ = nullptr;
+  const void* lm_head_ = nullptr;
+  const float* final_norm_ = nullptr;
+
+  DeviceBuffer pool_;         // capacity_ slots of layout_.total_floats() floats.
+  DeviceBuffer fresh_state_;  // θ0 from the checkpoint, everything else zero.
+  int64_t capacity_ = 0;
+  std::vector<int64_t> lengths_;  // Per slot; -1: free.
+  std::vector<SequenceSlot> free_slots_;
+
+  // Per-Forward scratch, grown to the largest batch seen.
+  struct Scratch {
+    DeviceBuffer tokens, row_segment, segments, out_rows;
+    DeviceBuffer h, x, a, q, k, v, lr, ttt_out, y, gate, y_gemm, conv_in;
+    DeviceBuffer ffn_gate, ffn_up, ffn_act, final_rows, final_in, logits;
+  } scratch_;
+};
+
+absl::Status CudaEngine::Initialize() {
+  const ModelConfig& c = model_->config;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("no CUDA device is available");
+  }
+  if (options_.device < 0 || options_.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: ", options_.device, " is not one of the ", count, " CUDA devices"));
+  }
+  TTT_CUDA(cudaSetDevice(options_.device));
+  TTT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  TTT_CUBLAS(cublasCreate(&cublas_));
+  TTT_CUBLAS(cublasSetStream(cublas_, stream_));
+  if (options_.precision == WeightPrecision::kFloat32) {
+    // True float32 products (no TF32), so this mode can be held to the reference's tolerance.
+    TTT_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+  }
+  TTT_RETURN_IF_ERROR(UploadWeights());
+
+  // The fresh state: the checkpoint's θ0, zero pending window and conv histories.
+  std::vector<float> fresh(layout_.total_floats(), 0.0f);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    float* state = fresh.data() + layout_.layer_offset(layer);
+    auto copy = [&](std::string_view name, size_t offset) {
+      std::span<const float> values =
+          model_->weights.Get(LayerTensorName(layer, absl::StrCat(kTttBlock, AbslView(name))));
+      std::copy(values.begin(), values.end(), state + offset);
+    };
+    copy("W1", layout_.W1);
+    copy("b1", layout_.b1);
+    if (c.ttt_layer_type == TttLayerType::kMlp) {
+      copy("W2", layout_.W2);
+      copy("b2", layout_.b2);
+    }
+  }
+  TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
+  TTT_CUDA(cudaMemcpy(fresh_state_.get(), fresh.data(), layout_.total_bytes(),
+                      cudaMemcpyHostToDevice));
+
+  // The state pool.
+  size_t free_bytes = 0, total_bytes = 0;
+  TTT_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t per_slot = layout_.total_bytes();
+  size_t pool_bytes = options_.state_pool_bytes;
+  if (options_.max_sequences > 0) {
+    pool_bytes = per_slot * options_.max_sequences;
+  } else if (pool_bytes == 0) {
+    pool_bytes = static_cast<size_t>(free_bytes * options_.state_pool_fraction);
+  }
+  capacity_ = static_cast<int64_t>(pool_bytes / per_slot);
+  if (capacity_ < 1 || pool_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the state pool needs ", pool_bytes, " bytes (", per_slot, " per sequence, at least one), ",
+        "but the GPU has ", free_bytes, " bytes free after the weights"));
+  }
+  TTT_RETURN_IF_ERROR(pool_.Reserve(static_cast<size_t>(capacity_) * per_slot));
+  lengths_.assign(capacity_, -1);
+  for (int64_t s = capacity_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<SequenceSlot>(s));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::UploadWeights() {
+  const ModelConfig& c = model_->config;
+  std::map<std::string, const void*, std::less<>> device;
+  DeviceBuffer staging;
+  for (const TensorSpec& spec : ExpectedTensors(c)) {
+    std::span<const float> values = model_->weights.Get(spec.name);
+    const bool gemm = IsGemmWeight(spec.name);
+    DeviceBuffer& buffer = weight_buffers_.emplace_back();
+    if (gemm && options_.precision == WeightPrecision::kBFloat16) {
+      TTT_RETURN_IF_ERROR(staging.Reserve(values.size_bytes()));
+      TTT_CUDA(cudaMemcpy(staging.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
+      TTT_RETURN_IF_ERROR(buffer.Reserve(values.size() * 2));
+      TTT_CUDA(cu::ConvertToBFloat16(staging.get<float>(), values.size(),
+                                     buffer.get<__nv_bfloat16>(), stream_));
+      TTT_CUDA(cudaStreamSynchronize(stream_));
+    } else {
+      TTT_RETURN_IF_ERROR(buffer.Reserve(values.size_bytes()));
+      TTT_CUDA(cudaMemcpy(buffer.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
+    }
+    device[spec.name] = buffer.get();
+  }
+  auto get = [&](const std::string& name) { return device.at(name); };
+  auto getf = [&](const std::string& name) { return static_cast<const float*>(device.at(name)); };
+  embedding_ = get("model.embed_tokens.weight");
+  lm_head_ = c.tie_word_embeddings ? embedding_ : get("lm_head.weight");
+  final_norm_ = getf("model.norm.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto name = [&](std::string_view suffix) { return LayerTensorName(i, suffix); };
+    auto ttt = [&](std::string_view suffix) {
+      return LayerTensorName(i, absl::StrCat(kTttBlock, AbslView(suffix)));
+    };
+    LayerWeights& w = layers_.emplace_back();
+    if (c.pre_conv) {
+      w.conv_norm = getf(name("conv.norm.weight"));
+      w.conv_w = getf(name("conv.conv.weight"));
+      w.conv_b = getf(name("conv.conv.bias"));
+    }
+    w.seq_norm = getf(name("seq_norm.weight"));
+    w.q_proj = get(ttt("q_proj.weight"));
+    if (c.share_qk) {
+      w.conv_q_w = getf(ttt("conv_q.weight"));
+      w.conv_q_b = getf(ttt("conv_q.bias"));
+      w.conv_k_w = getf(ttt("conv_k.weight"));
+      w.conv_k_b = getf(ttt("conv_k.bias"));
+    } else {
+      w.k_proj = get(ttt("k_proj.weight"));
+    }
+    w.v_proj = get(ttt("v_proj.weight"));
+    w.o_proj = get(ttt("o_proj.weight"));
+    if (c.use_gate) w.g_proj = get(ttt("g_proj.weight"));
+    w.lr_w = get(ttt("learnable_ttt_lr_weight"));
+    w.lr_b = getf(ttt("learnable_ttt_lr_bias"));
+    w.ttt_norm_w = getf(ttt("ttt_norm_weight"));
+    w.ttt_norm_b = getf(ttt("ttt_norm_bias"));
+    w.post_norm_w = getf(ttt("post_norm.weight"));
+    w.post_norm_b = getf(ttt("post_norm.bias"));
+    w.ffn_norm = getf(name("ffn_norm.weight"));
+    w.gate_proj = get(name("mlp.gate_proj.weight"));
+    w.up_proj = get(name("mlp.up_proj.weight"));
+    w.down_proj = get(name("mlp.down_proj.weight"));
+    // τ_r = max(0, 1/(r+1) + c_r), computed once on the host.
+    const float* token_idx = model_->weights.LayerData(i, absl::StrCat(kTttBlock, "learnable_token_idx"));
+    std::vector<float> tau(c.mini_batch_size);
+    for (int64_t r = 0; r < c.mini_batch_size; ++r) {
+      tau[r] = std::max(0.0f, 1.0f / static_cast<float>(r + 1) + token_idx[r]);
+    }
+    DeviceBuffer& tau_buffer = weight_buffers_.emplace_back();
+    TTT_RETURN_IF_ERROR(tau_buffer.Reserve(tau.size() * sizeof(float)));
+    TTT_CUDA(cudaMemcpy(tau_buffer.get(), tau.data(), tau.size() * sizeof(float),
+                        cudaMemcpyHostToDevice));
+    w.tau = tau_buffer.get<float>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::CheckSlot(SequenceSlot slot, std::string_view field) const {
+  if (slot < 0 || slot >= capacity_ || lengths_[slot] < 0) {
+    return absl::NotFoundError(absl::StrCat(AbslView(field), ": no sequence in slot ", slot));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceSlot> CudaEngine::TakeSlot() {
+  if (free_slots_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("all ", capacity_, " state slots on the GPU are in use"));
+  }
+  const SequenceSlot slot = free_slots_.back();
+  free_slots_.pop_back();
+  lengths_[slot] = 0;
+  return slot;
+}
+
+absl::StatusOr<SequenceSlot> CudaEngine::CreateSequence() {
+  TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
+  TTT_CUDA(cudaMemcpyAsync(slot_state(slot), fresh_state_.get(), layout_.total_bytes(),
+                           cudaMemcpyDeviceToDevice, stream_));
+  return slot;
+}
+
+absl::Status CudaEngine::ReleaseSequence(SequenceSlot slot) {
+  TTT_RETURN_IF_ERROR(CheckSlot(slot, "slot"));
+  lengths_[slot] = -1;
+  free_slots_.push_back(slot);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceSlot> CudaEngine::ForkSequence(SequenceSlot source) {
+  TTT_RETURN_IF_ERROR(CheckSlot(source, "source"));
+  TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
+  TTT_CUDA(cudaMemcpyAsync(slot_state(slot), slot_state(source), layout_.total_bytes(),
+                           cudaMemcpyDeviceToDevice, stream_));
+  lengths_[slot] = lengths_[source];
+  return slot;
+}
+
+absl::StatusOr<int64_t> CudaEngine::SequenceLength(SequenceSlot slot) const {
+  TTT_RETURN_IF_ERROR(CheckSlot(slot, "slot"));
+  return lengths_[slot];
+}
+
+absl::StatusOr<std::string> CudaEngine::SaveSequence(SequenceSlot slot) const {
+  TTT_RETURN_IF_ERROR(CheckSlot(slot, "slot"));
+  std::vector<float> state(layout_.total_floats());
+  TTT_CUDA(cudaMemcpyAsync(state.data(), slot_state(slot), layout_.total_bytes(),
+                           cudaMemcpyDeviceToHost, stream_));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  return EncodeState({model_->weights.fingerprint(), model_->name}, lengths_[slot], state);
+}
+
+absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes) {
+  TTT_ASSIGN_OR_RETURN(DecodedState decoded,
+                       DecodeState(bytes, {model_->weights.fingerprint(), model_->name},
+                                   layout_.total_floats()));
+  TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
+  const absl::Status copied = CudaStatus(
+      cudaMemcpy(slot_state(slot), decoded.state.data(), layout_.total_bytes(), cudaMemcpyHostToDevice),
+      "restoring a state");
+  if (!copied.ok()) {
+    ReleaseSequence(slot).IgnoreError();
+    return copied;
+  }
+  lengths_[slot] = decoded.length;
+  return slot;
+}
+
+absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
+  const int64_t vocab = model_->config.vocab_size;
+  absl::flat_hash_set<SequenceSlot> seen;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceChunk& chunk = batch[b];
+    TTT_RETURN_IF_ERROR(CheckSlot(chunk.slot, absl::StrCat("batch[", b, "].slot")));
+    if (!seen.insert(chunk.slot).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", b, "].slot: slot ", chunk.slot, " appears twice in one batch"));
+    }
+    if (which == LogitsFor::kLastToken && chunk.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", b, "].tokens: empty, so it has no last token to give logits for"));
+    }
+    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
+      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("batch[", b, "].tokens[", i, "]: id ",
+                                                       chunk.tokens[i],
+                                                       " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {
+  const ModelConfig& c = model_->config;
+  const size_t R = std::max<int64_t>(rows, 1), D = c.hidden_size, I = c.intermediate_size;
+  const size_t nh = c.num_attention_heads, g = gemm_element_bytes(), f4 = sizeof(float);
+  Scratch& s = scratch_;
+  TTT_RETURN_IF_ERROR(s.tokens.Reserve(R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(s.row_segment.Reserve(R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(s.segments.Reserve(std::max<int64_t>(segments, 1) * sizeof(cu::Segment)));
+  const size_t L = std::max<int64_t>(logit_rows, 1);
+  TTT_RETURN_IF_ERROR(s.out_rows.Reserve(L * sizeof(int32_t)));
+  for (DeviceBuffer* b : {&s.h, &s.a, &s.q, &s.k, &s.v, &s.ttt_out, &s.y, &s.gate, &s.conv_in}) {
+    TTT_RETURN_IF_ERROR(b->Reserve(R * D * f4));
+  }
+  for (DeviceBuffer* b : {&s.x, &s.y_gemm}) TTT_RETURN_IF_ERROR(b->Reserve(R * D * g));
+  TTT_RETURN_IF_ERROR(s.final_rows.Reserve(L * D * f4));
+  TTT_RETURN_IF_ERROR(s.final_in.Reserve(L * D * g));
+  TTT_RETURN_IF_ERROR(s.lr.Reserve(R * nh * f4));
+  TTT_RETURN_IF_ERROR(s.ffn_gate.Reserve(R * I * f4));
+  TTT_RETURN_IF_ERROR(s.ffn_up.Reserve(R * I * f4));
+  TTT_RETURN_IF_ERROR(s.ffn_act.Reserve(R * I * g));
+  TTT_RETURN_IF_ERROR(s.logits.Reserve(L * c.vocab_size * f4));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
+                              float* y, bool accumulate) {
+  if (rows == 0) return absl::OkStatus();
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t type =
+      options_.precision == WeightPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  // Row-major y[rows, out] is column-major yᵀ [out, rows] = w · xᵀ, with w row-major [out, in]
+  // read as column-major [in, out] and transposed.
+  TTT_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, type, in, x,
+                          type, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
+                                 std::vector<float>* logits) {
+  TTT_RETURN_IF_ERROR(Validate(batch, which));
+  const ModelConfig& c = model_->config;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+
+  std::vector<int32_t> tokens, row_segment, out_rows;
+  std::vector<cu::Segment> segments;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceChunk& chunk = batch[b];
+    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    segments.push_back({.row = static_cast<int32_t>(tokens.size()), .count = n, .slot = chunk.slot,
+                        .start = lengths_[chunk.slot]});
+    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+    row_segment.insert(row_segment.end(), n, static_cast<int32_t>(b));
+    if (which == LogitsFor::kLastToken) out_rows.push_back(segments.back().row + n - 1);
+  }
+  const int64_t rows = static_cast<int64_t>(tokens.size());
+  if (which == LogitsFor::kEveryToken) {
+    for (int64_t r = 0; r < rows; ++r) out_rows.push_back(static_cast<int32_t>(r));
+  }
+  if (rows == 0) {
+    logits->clear();
+    return absl::OkStatus();
+  }
+  TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments.size(), out_rows.size()));
+  Scratch& s = scratch_;
+  TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), tokens.data(), rows * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), row_segment.data(), rows * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cudaMemcpyAsync(s.segments.get(), segments.data(), segments.size() * sizeof(cu::Segment),
+                           cudaMemcpyHostToDevice, stream_));
+
+  TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, embedding_, gemm_type(), D,
+                               s.h.get<float>(), stream_));
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, segments.size()));
+  }
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
+
+  if (which == LogitsFor::kNone) {
+    TTT_CUDA(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  const int64_t n = static_cast<int64_t>(out_rows.size());
+  TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), out_rows.data(), n * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.out_rows.get<int32_t>(), n, D,
+                          s.final_rows.get<float>(), stream_));
+  TTT_CUDA(cu::RmsNorm(s.final_rows.get<float>(), n, D, final_norm_, c.rms_norm_eps,
+                       s.final_in.get(), gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(Gemm(s.final_in.get(), n, D, lm_head_, V, s.logits.get<float>(), false));
+  logits->resize(n * V);
+  TTT_CUDA(cudaMemcpyAsync(logits->data(), s.logits.get(), n * V * sizeof(float),
+                           cudaMemcpyDeviceToHost, stream_));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments) {
+  const ModelConfig& c = model_->config;
+  const LayerWeights& w = layers_[layer];
+  const int D = c.hidden_size, I = c.intermediate_size, nh = c.num_attention_heads;
+  const int f = c.head_dim(), ck = c.conv_kernel;
+  const float rms_eps = static_cast<float>(c.rms_norm_eps);
+  Scratch& s = scratch_;
+  const auto* segments = s.segments.get<cu::Segment>();
+  const auto* row_segment = s.row_segment.get<int32_t>();
+  const cu::StateAddress state{pool_.get<float>(), layout_.total_floats(),
+                               layout_.layer_offset(layer)};
+  float* h = s.h.get<float>();
+
+  if (c.pre_conv) {
+    float* normed = s.conv_in.get<float>();
+    TTT_CUDA(cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
+    TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
+                            layout_.conv_pre, h, /*accumulate=*/true, stream_));
+    TTT_CUDA(cu::AdvanceConvHistory(normed, num_segments, D, ck, segments, state, layout_.conv_pre,
+                                    stream_));
+  }
+
+  // The TTT layer's inputs (spec §3.2–3.4).
+  TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
+  float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
+  if (c.share_qk) {
+    float* a = s.a.get<float>();
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.q_proj, D, a, false));
+    TTT_CUDA(cu::CausalConv(a, rows, D, w.conv_q_w, w.conv_q_b, ck, segments, row_segment, state,
+                            layout_.conv_qk, q, false, stream_));
+    TTT_CUDA(cu::CausalConv(a, rows, D, w.conv_k_w, w.conv_k_b, ck, segments, row_segment, state,
+                            layout_.conv_qk, k, false, stream_));
+    TTT_CUDA(cu::AdvanceConvHistory(a, num_segments, D, ck, segments, state, layout_.conv_qk,
+                                    stream_));
+  } else {
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.q_proj, D, q, false));
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.k_proj, D, k, false));
+  }
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.v_proj, D, v, false));
+  TTT_CUDA(cu::ApplyRope(q, k, rows, nh, f, c.mini_batch_size, static_cast<float>(c.rope_theta),
+                         segments, row_segment, stream_));
+  float* lr = s.lr.get<float>();
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.lr_w, nh, lr, false));
+  TTT_CUDA(cu::InnerLearningRate(lr, rows, nh, w.lr_b, static_cast<float>(c.ttt_base_lr), f,
+                                 stream_));
+
+  const cu::TttScanParams params{.nh = nh,
+                                 .f = f,
+                                 .f1 = static_cast<int>(c.inner_width()),
+                                 .K = static_cast<int>(c.mini_batch_size),
+                                 .mlp = c.ttt_layer_type == TttLayerType::kMlp,
+                                 .tau = w.tau,
+                                 .ln_weight = w.ttt_norm_w,
+                                 .ln_bias = w.ttt_norm_b,
+                                 .ln_eps = kLayerNormEps};
+  const cu::TttStateOffsets offsets{layout_.W1,         layout_.b1,         layout_.W2,
+                                    layout_.b2,         layout_.pending_k,  layout_.pending_g1,
+                                    layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
+  float* ttt_out = s.ttt_out.get<float>();
+  TTT_CUDA(cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out,
+                       stream_));
+
+  // Layer output (spec §3.8), added into h by the o_proj GEMM.
+  float* y = s.y.get<float>();
+  TTT_CUDA(cu::LayerNorm(ttt_out, rows, D, w.post_norm_w, w.post_norm_b, kLayerNormEps, y, stream_));
+  float* gate = s.gate.get<float>();
+  if (c.use_gate) {
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.g_proj, D, gate, false));
+    TTT_CUDA(cu::GeluGate(gate, y, rows * D, s.y_gemm.get(), gemm_type(), stream_));
+  } else if (gemm_type() == cu::ElementType::kBFloat16) {
+    TTT_CUDA(cu::ConvertToBFloat16(y, rows * D, s.y_gemm.get<__nv_bfloat16>(), stream_));
+  } else {
+    TTT_CUDA(cudaMemcpyAsync(s.y_gemm.get(), y, rows * D * sizeof(float), cudaMemcpyDeviceToDevice,
+                             stream_));
+  }
+  TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, h, /*accumulate=*/true));
+
+  // SwiGLU feed-forward.
+  TTT_CUDA(cu::RmsNorm(h, rows, D, w.ffn_norm, rms_eps, s.x.get(), gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_proj, I, s.ffn_gate.get<float>(), false));
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.up_proj, I, s.ffn_up.get<float>(), false));
+  TTT_CUDA(cu::SwiGlu(s.ffn_gate.get<float>(), s.ffn_up.get<float>(), rows * I, s.ffn_act.get(),
+                      gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(std::shared_ptr<const Model> model,
+                                                          const CudaEngineOptions& options) {
+  auto engine = std::make_unique<CudaEngine>(std::move(model), options);
+  TTT_RETURN_IF_ERROR(engine->Initialize());
+  return engine;
+}
+
+}  // namespace ttt

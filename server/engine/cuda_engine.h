@@ -1,0 +1,33 @@
+// The engine on an NVIDIA GPU: weights in bf16 (or float32 for exactness checks), every sequence's
+// TTT state in float32 in a pool of fixed-size slots in device memory, dense layers as cuBLAS
+// GEMMs and the TTT inner loop as fused kernels (kernels/cuda_ops.h).
+#pragma once
+
+#include <memory>
+
+#include "server/engine/engine.h"
+#include "server/model/model.h"
+
+namespace ttt {
+
+enum class WeightPrecision { kBFloat16, kFloat32 };
+
+struct CudaEngineOptions {
+  WeightPrecision precision = WeightPrecision::kBFloat16;
+  // The state pool: `max_sequences` slots when set, else as many as `state_pool_bytes` hold, else
+  // as many as `state_pool_fraction` of the device memory free after loading the weights.
+  int64_t max_sequences = 0;
+  size_t state_pool_bytes = 0;
+  double state_pool_fraction = 0.5;
+  int device = 0;
+};
+
+// Number of CUDA devices usable by this process (0 without a driver or GPU).
+int CudaDeviceCount();
+
+// Loads `model` onto the GPU. Fails with a clear status when there is no GPU or too little memory
+// for the weights and at least one state slot.
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(std::shared_ptr<const Model> model,
+                                                          const CudaEngineOptions& options = {});
+
+}  // namespace ttt

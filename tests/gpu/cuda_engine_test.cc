@@ -1,0 +1,267 @@
+// The CUDA engine against the golden vectors and against the CPU engine. Skips without a GPU.
+#include <cstdio>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/cpu_engine.h"
+#include "server/engine/cuda_engine.h"
+#include "tests/test_support.h"
+
+namespace ttt {
+namespace {
+
+using testing::Golden;
+
+#define SKIP_WITHOUT_GPU() \
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+std::unique_ptr<Engine> MakeCudaEngine(std::shared_ptr<const Model> model,
+                                       WeightPrecision precision, int64_t max_sequences = 64) {
+  auto engine = CreateCudaEngine(std::move(model),
+                                 {.precision = precision, .max_sequences = max_sequences});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+class CudaGoldenTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    auto model = LoadModel(testing::TestDataPath("golden/" + GetParam()));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *model;
+    golden_ = testing::LoadGolden(GetParam());
+  }
+
+  // Every position's logits for each prompt, fed with the given chunk sizes.
+  std::vector<std::vector<float>> Run(Engine& engine, const std::vector<int64_t>& sizes) {
+    std::vector<std::vector<float>> out;
+    for (int64_t b = 0; b < golden_.batch; ++b) {
+      const SequenceSlot slot = *engine.CreateSequence();
+      out.push_back(testing::FeedInChunks(engine, slot, golden_.input_ids[b], sizes));
+      EXPECT_TRUE(engine.ReleaseSequence(slot).ok());
+    }
+    return out;
+  }
+
+  std::shared_ptr<const Model> model_;
+  Golden golden_;
+};
+
+TEST_P(CudaGoldenTest, Float32MatchesTheReferenceForEveryChunking) {
+  auto engine = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(engine, nullptr);
+  std::mt19937 rng(5);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> chunkings = {
+      {"whole prompt", {golden_.length}}, {"token by token", {1}}};
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < 8; ++i) sizes.push_back(std::uniform_int_distribution<int64_t>(1, 40)(rng));
+    chunkings.push_back({absl::StrCat("random chunks #", trial), sizes});
+  }
+  for (const auto& [name, sizes] : chunkings) {
+    const auto logits = Run(*engine, sizes);
+    float worst_prefill = 0, worst_decode = 0;
+    for (int64_t b = 0; b < golden_.batch; ++b) {
+      const size_t n = golden_.length * golden_.vocab;
+      worst_prefill = std::max(worst_prefill, testing::MaxAbsDiff(logits[b], std::span(golden_.prefill_logits).subspan(b * n, n)));
+      worst_decode = std::max(worst_decode, testing::MaxAbsDiff(logits[b], std::span(golden_.decode_logits).subspan(b * n, n)));
+    }
+    std::printf("[cuda-f32] %-16s %-18s max|Δ| vs prefill %.3g, vs decode %.3g\n",
+                GetParam().c_str(), name.c_str(), worst_prefill, worst_decode);
+    EXPECT_LE(worst_prefill, 1e-3f) << name;
+    EXPECT_LE(worst_decode, 1e-3f) << name;
+  }
+}
+
+TEST_P(CudaGoldenTest, Float32GreedyIdsMatch) {
+  auto engine = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(engine, nullptr);
+  for (int64_t b = 0; b < golden_.batch; ++b) {
+    const SequenceSlot slot = *engine->CreateSequence();
+    std::vector<float> logits;
+    SequenceChunk chunk{slot, golden_.input_ids[b]};
+    ASSERT_TRUE(engine->Forward({&chunk, 1}, LogitsFor::kLastToken, &logits).ok());
+    std::vector<int32_t> generated;
+    for (int64_t g = 0; g < golden_.greedy_steps; ++g) {
+      generated.push_back(
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      chunk.tokens = std::span(&generated.back(), 1);
+      ASSERT_TRUE(engine->Forward({&chunk, 1}, LogitsFor::kLastToken, &logits).ok());
+    }
+    EXPECT_EQ(generated, golden_.greedy_ids[b]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGoldenModels, CudaGoldenTest,
+                         ::testing::ValuesIn(testing::GoldenModelNames()),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// bf16 weights: relative error per model, and argmax agreement pooled over every golden position
+// (one model's 74 positions make a single near-tie worth 1.4%).
+TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
+  SKIP_WITHOUT_GPU();
+  int64_t agree = 0, positions = 0;
+  for (const std::string& name : testing::GoldenModelNames()) {
+    auto model = LoadModel(testing::TestDataPath("golden/" + name));
+    ASSERT_TRUE(model.ok()) << model.status();
+    const Golden golden = testing::LoadGolden(name);
+    auto engine = MakeCudaEngine(*model, WeightPrecision::kBFloat16);
+    ASSERT_NE(engine, nullptr);
+    for (const int64_t chunk : {golden.length, int64_t{1}}) {
+      double diff = 0, norm = 0;
+      int64_t model_agree = 0, model_positions = 0;
+      for (int64_t b = 0; b < golden.batch; ++b) {
+        const SequenceSlot slot = *engine->CreateSequence();
+        const std::vector<float> logits =
+            testing::FeedInChunks(*engine, slot, golden.input_ids[b], {chunk});
+        ASSERT_TRUE(engine->ReleaseSequence(slot).ok());
+        for (int64_t t = 0; t < golden.length; ++t) {
+          std::span<const float> ref = golden.Row(golden.prefill_logits, b, t, golden.length);
+          std::span<const float> out = std::span(logits).subspan(t * golden.vocab, golden.vocab);
+          for (int64_t i = 0; i < golden.vocab; ++i) {
+            diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+            norm += ref[i] * ref[i];
+          }
+          model_agree += std::max_element(out.begin(), out.end()) - out.begin() ==
+                         std::max_element(ref.begin(), ref.end()) - ref.begin();
+          ++model_positions;
+        }
+      }
+      const double relative = std::sqrt(diff / norm);
+      std::printf("[cuda-bf16] %-16s chunk %-3lld relative error %.3g, argmax agreement %lld/%lld\n",
+                  name.c_str(), static_cast<long long>(chunk), relative,
+                  static_cast<long long>(model_agree), static_cast<long long>(model_positions));
+      EXPECT_LE(relative, 2e-2) << name;
+      agree += model_agree;
+      positions += model_positions;
+    }
+  }
+  std::printf("[cuda-bf16] argmax agreement over all golden positions: %.2f%%\n",
+              100.0 * agree / positions);
+  EXPECT_GE(double(agree) / positions, 0.98);
+}
+
+// GPU (float32) and CPU engines on random models of every inner type and backbone flag, four
+// sequences at different offsets stepping together for 300 decode steps.
+class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int>> {};
+
+TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
+  SKIP_WITHOUT_GPU();
+  const auto [inner, flags] = GetParam();
+  ModelConfig c;
+  c.vocab_size = 211;
+  c.hidden_size = 128;
+  c.num_attention_heads = 2;  // f = 64
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 2;
+  c.ttt_layer_type = inner;
+  c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
+  c.share_qk = flags & 1;
+  c.use_gate = flags & 2;
+  c.pre_conv = flags & 4;
+  c.tie_word_embeddings = flags % 2 == 0;
+  auto model = testing::RandomModel(c, 100 + flags);
+  CpuEngine cpu(model);
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+
+  std::mt19937 rng(flags);
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  const std::vector<int64_t> prompt_lengths = {1, 9, 16, 45};
+  std::vector<std::vector<int32_t>> tokens(prompt_lengths.size());
+  std::vector<SequenceChunk> cpu_batch, gpu_batch;
+  for (size_t s = 0; s < prompt_lengths.size(); ++s) {
+    tokens[s].resize(prompt_lengths[s] + 300);
+    for (int32_t& t : tokens[s]) t = token(rng);
+    const std::span<const int32_t> prompt = std::span(tokens[s]).first(prompt_lengths[s]);
+    cpu_batch.push_back({*cpu.CreateSequence(), prompt});
+    gpu_batch.push_back({*gpu->CreateSequence(), prompt});
+  }
+  std::vector<float> cpu_logits, gpu_logits;
+  ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kEveryToken, &cpu_logits).ok());
+  ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kEveryToken, &gpu_logits).ok());
+  float worst = testing::MaxAbsDiff(cpu_logits, gpu_logits);
+  for (int step = 0; step < 300; ++step) {
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      cpu_batch[s].tokens = gpu_batch[s].tokens =
+          std::span(tokens[s]).subspan(prompt_lengths[s] + step, 1);
+    }
+    ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kLastToken, &cpu_logits).ok());
+    ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kLastToken, &gpu_logits).ok());
+    worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+  }
+  std::printf("[cuda-vs-cpu] %s flags %d: max|Δ| %.3g over 300 steps\n",
+              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, worst);
+  EXPECT_LE(worst, 1e-3f);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryInnerAndFlag, CudaMatchesCpuTest,
+                         ::testing::Combine(::testing::Values(TttLayerType::kLinear,
+                                                              TttLayerType::kMlp),
+                                            ::testing::Range(0, 8)));
+
+class CudaEngineStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    auto model = LoadModel(testing::TestDataPath("golden/tiny-mlp-m"));
+    ASSERT_TRUE(model.ok());
+    model_ = *model;
+    for (int32_t i = 0; i < 50; ++i) tokens_.push_back((i * 41 + 3) % 512);
+  }
+  std::vector<float> Feed(Engine& engine, SequenceSlot slot, std::span<const int32_t> tokens) {
+    std::vector<float> logits;
+    const SequenceChunk chunk{slot, tokens};
+    EXPECT_TRUE(engine.Forward({&chunk, 1}, LogitsFor::kEveryToken, &logits).ok());
+    return logits;
+  }
+  std::shared_ptr<const Model> model_;
+  std::vector<int32_t> tokens_;
+};
+
+TEST_F(CudaEngineStateTest, ForkAndSaveRestoreContinueExactly) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+  const std::span<const int32_t> all(tokens_);
+  const SequenceSlot original = *gpu->CreateSequence();
+  Feed(*gpu, original, all.first(19));
+  const SequenceSlot fork = *gpu->ForkSequence(original);
+  const std::string saved = *gpu->SaveSequence(original);
+  const SequenceSlot restored = *gpu->RestoreSequence(saved);
+  const std::vector<float> expected = Feed(*gpu, original, all.subspan(19));
+  EXPECT_EQ(Feed(*gpu, fork, all.subspan(19)), expected);
+  EXPECT_EQ(Feed(*gpu, restored, all.subspan(19)), expected);
+
+  // The saved format is the same on every backend: the CPU engine continues the GPU's state.
+  CpuEngine cpu(model_);
+  auto on_cpu = cpu.RestoreSequence(saved);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_LE(testing::MaxAbsDiff(Feed(cpu, *on_cpu, all.subspan(19)), expected), 1e-4f);
+}
+
+TEST_F(CudaEngineStateTest, PoolLimitAndBadInputs) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kBFloat16, /*max_sequences=*/2);
+  ASSERT_NE(gpu, nullptr);
+  const SequenceSlot a = *gpu->CreateSequence();
+  ASSERT_TRUE(gpu->CreateSequence().ok());
+  EXPECT_EQ(gpu->CreateSequence().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(gpu->ForkSequence(a).status().code(), absl::StatusCode::kResourceExhausted);
+  const std::vector<int32_t> bad = {1, 512};
+  std::vector<float> logits;
+  const SequenceChunk chunk{a, bad};
+  EXPECT_EQ(gpu->Forward({&chunk, 1}, LogitsFor::kLastToken, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*gpu->SequenceLength(a), 0);
+  ASSERT_TRUE(gpu->ReleaseSequence(a).ok());
+  EXPECT_TRUE(gpu->CreateSequence().ok());
+}
+
+}  // namespace
+}  // namespace ttt
