@@ -4,7 +4,7 @@
 //   ttt-bench --backend cuda --preset 125m --inner linear --batch 1,64,256 --offset 1024
 //
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
-// times `steps` decode steps of one token per sequence. On CUDA it also reports the memory floor:
+// times `steps` greedy decode steps of one token per sequence, the engine choosing the tokens. On CUDA it also reports the memory floor:
 // the weights plus every sequence's state read once per step, over the device-to-device copy
 // bandwidth measured in the same run.
 #include <algorithm>
@@ -125,19 +125,18 @@ absl::Status Run() {
     for (int32_t b = 0; b < batch; ++b) tokens[b] = {token(rng)};
     for (int32_t b = 0; b < batch; ++b) chunks[b].tokens = tokens[b];
 
+    // Greedy decoding as a server runs it: the engine picks each token, ids come back.
     std::vector<double> step_seconds;
+    const std::vector<SamplingParams> greedy(batch);
+    std::vector<SampledToken> sampled;
     const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
     for (int32_t s = 0; s < warmup + steps; ++s) {
       const auto start = std::chrono::steady_clock::now();
-      TTT_RETURN_IF_ERROR(engine.Forward(chunks, LogitsFor::kLastToken, &logits));
+      TTT_RETURN_IF_ERROR(engine.ForwardAndSample(chunks, greedy, &sampled));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (s >= warmup) step_seconds.push_back(seconds);
-      // Feed back the argmax, as greedy decoding would.
-      for (int32_t b = 0; b < batch; ++b) {
-        const float* row = logits.data() + int64_t{b} * c.vocab_size;
-        tokens[b][0] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
-      }
+      for (int32_t b = 0; b < batch; ++b) tokens[b][0] = sampled[b].id;
     }
     double total = 0;
     for (double s : step_seconds) total += s;

@@ -101,6 +101,20 @@ cudaError_t AddInPlace(float* h, const float* delta, int64_t n, cudaStream_t str
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,
                        cudaStream_t stream);
 
+// One row's sampling parameters (see server/engine/sampler.h; penalties are not applied here).
+struct SamplingRow {
+  float temperature;  // 0: greedy.
+  int32_t top_k;      // 0: no limit.
+  float top_p;
+  float min_p;
+  uint64_t seed;
+  uint64_t step;      // Draw counter: the sequence's length when the token is chosen.
+};
+
+// ids[r], logprobs[r]: the token chosen from logits row r [rows, V] and its raw log-softmax.
+cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
+                         int32_t* ids, float* logprobs, cudaStream_t stream);
+
 // float32 → bf16, elementwise (weights at load time).
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);
 

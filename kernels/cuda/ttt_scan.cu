@@ -66,6 +66,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
   float* x2bar = k + f;      // [f1] (mlp)
   float* x2 = x2bar + f1;    // [f1] (mlp)
   float* g2 = x2 + f1;       // [f] (mlp)
+  float* staged = g2 + f;    // [K, f + f1]: a window's pending rows, staged for the commit.
 
   const Segment seg = segments[blockIdx.x / nh];
   const int head = blockIdx.x % nh;
@@ -177,33 +178,32 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
     const float normalized = LayerNormOf(zbar, in_f, f, gamma, beta, p.ln_eps, shared.reduce);
     if (in_f) out_all[at + c] = q[c] + normalized;
 
-    // After the window's last token, θ0 takes the last token's θ̄.
+    // After the window's last token, θ0 takes the last token's θ̄: W −= Σ_j τ·lr_j · aⱼᵀ gⱼ for
+    // each layer, with the window's rows staged in shared memory (left [K, width_a], scaled by
+    // τ·lr_j, and right [K, width_g]).
     if (r == K - 1) {
       const float tau = p.tau[K - 1];
-      if (in_f1) {
-        for (int d = 0; d < f; ++d) {
-          float update = 0;
-          for (int j = 0; j < K; ++j) update += plr[j] * pk[j * f + d] * pg1[j * f1 + c];
-          W1[d * f1 + c] -= tau * update;
-        }
-        float update = 0;
-        for (int j = 0; j < K; ++j) update += plr[j] * pg1[j * f1 + c];
-        b1[c] -= tau * update;
-      }
-      if (p.mlp) {
-        if (in_f1) {
-          for (int e = 0; e < f; ++e) {
+      auto commit = [&](const float* left, int left_width, const float* right, int right_width,
+                        float* W, float* b) {
+        float* a = staged;                    // [K, left_width]
+        float* g = staged + K * left_width;   // [K, right_width]
+        __syncthreads();
+        for (int i = c; i < K * left_width; i += blockDim.x) a[i] = tau * plr[i / left_width] * left[i];
+        for (int i = c; i < K * right_width; i += blockDim.x) g[i] = right[i];
+        __syncthreads();
+        if (c < right_width) {
+          for (int d = 0; d < left_width; ++d) {
             float update = 0;
-            for (int j = 0; j < K; ++j) update += plr[j] * px2[j * f1 + c] * pg2[j * f + e];
-            W2[c * f + e] -= tau * update;
+            for (int j = 0; j < K; ++j) update += a[j * left_width + d] * g[j * right_width + c];
+            W[d * right_width + c] -= update;
           }
-        }
-        if (in_f) {
           float update = 0;
-          for (int j = 0; j < K; ++j) update += plr[j] * pg2[j * f + c];
-          b2[c] -= tau * update;
+          for (int j = 0; j < K; ++j) update += tau * plr[j] * g[j * right_width + c];
+          b[c] -= update;
         }
-      }
+      };
+      commit(pk, f, pg1, f1, W1, b1);  // W1 [f, f1]: keys and first-layer gradients.
+      if (p.mlp) commit(px2, f1, pg2, f, W2, b2);  // W2 [f1, f]: hidden activations, g2.
     }
     __syncthreads();  // θ0, pending rows and shared inputs settle before the next token.
   }
@@ -217,7 +217,8 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
   if (num_segments == 0) return cudaSuccess;
   if (params.K > kMaxK || params.f1 > 1024) return cudaErrorInvalidValue;
   const int threads = RoundUpToWarp(params.f1);
-  const size_t shared_bytes = sizeof(float) * (3 * params.f + 2 * params.f1);
+  const size_t shared_bytes =
+      sizeof(float) * (3 * params.f + 2 * params.f1 + params.K * (params.f + params.f1));
   TttScanKernel<<<num_segments * params.nh, threads, shared_bytes, stream>>>(
       params, segments, q, k, v, lr, state, offsets, out);
   return cudaGetLastError();

@@ -186,6 +186,21 @@ absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor 
   return absl::OkStatus();
 }
 
+absl::Status CpuEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
+                                         std::span<const SamplingParams> sampling,
+                                         std::vector<SampledToken>* tokens) {
+  TTT_RETURN_IF_ERROR(ValidateBatchSampling(batch, sampling));
+  std::vector<float> logits;
+  TTT_RETURN_IF_ERROR(Forward(batch, LogitsFor::kLastToken, &logits));
+  const int64_t V = model_->config.vocab_size;
+  tokens->clear();
+  for (size_t b = 0; b < batch.size(); ++b) {
+    tokens->push_back(SampleToken(std::span(logits).subspan(b * V, V), sampling[b], {}, {},
+                                  slots_[batch[b].slot]->length));
+  }
+  return absl::OkStatus();
+}
+
 void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, int64_t rows,
                              std::vector<float>& h) {
   const ModelConfig& c = model_->config;

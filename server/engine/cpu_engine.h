@@ -32,6 +32,9 @@ class CpuEngine : public Engine {
   absl::StatusOr<SequenceSlot> RestoreSequence(std::string_view bytes) override;
   absl::Status Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                        std::vector<float>* logits) override;
+  absl::Status ForwardAndSample(std::span<const SequenceChunk> batch,
+                                std::span<const SamplingParams> sampling,
+                                std::vector<SampledToken>* tokens) override;
 
  private:
   struct Sequence {

@@ -71,10 +71,58 @@ class DeviceBuffer {
     return static_cast<T*>(data_);
   }
   size_t bytes() const { return bytes_; }
+  size_t bytes_reserved() const { return bytes_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Owns page-locked host memory: copies from it are truly asynchronous and can sit in CUDA graphs.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+    TTT_CUDA(cudaMallocHost(&data_, bytes));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes_reserved() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A captured decode step for a fixed number of rows, replayed with new inputs in place.
+class DecodeGraph {
+ public:
+  DecodeGraph() = default;
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+  ~DecodeGraph() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  cudaGraph_t* graph() { return &graph_; }
+  cudaGraphExec_t* exec() { return &exec_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 struct LayerWeights {
@@ -100,6 +148,7 @@ class CudaEngine : public Engine {
       : model_(std::move(model)), options_(options), layout_(model_->config) {}
 
   ~CudaEngine() override {
+    graphs_.clear();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -125,6 +174,9 @@ class CudaEngine : public Engine {
   absl::StatusOr<SequenceSlot> RestoreSequence(std::string_view bytes) override;
   absl::Status Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                        std::vector<float>* logits) override;
+  absl::Status ForwardAndSample(std::span<const SequenceChunk> batch,
+                                std::span<const SamplingParams> sampling,
+                                std::vector<SampledToken>* tokens) override;
 
  private:
   cu::ElementType gemm_type() const {
@@ -142,7 +194,28 @@ class CudaEngine : public Engine {
   absl::Status CheckSlot(SequenceSlot slot, std::string_view field) const;
   absl::StatusOr<SequenceSlot> TakeSlot();
   absl::Status Validate(std::span<const SequenceChunk> batch, LogitsFor which) const;
+  // Grows the per-call buffers; growing moves them, which retires every captured graph.
   absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
+  // Copies the batch description staged in pinned memory to the device.
+  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample);
+  // Enqueues the forward pass over inputs already on the device, ending with the logits of the
+  // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
+  // `sample`, the tokens chosen from them. Enqueues only: safe to capture in a graph.
+  absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows, bool gather,
+                              bool sample);
+  // Forward (tokens == nullptr) or ForwardAndSample, inputs already validated.
+  absl::Status Run(std::span<const SequenceChunk> batch, LogitsFor which,
+                   std::span<const SamplingParams> sampling, std::vector<float>* logits,
+                   std::vector<SampledToken>* tokens);
+  // One token for each sequence of `batch`, through the graph of its batch-size bucket.
+  absl::Status DecodeStep(std::span<const SequenceChunk> batch,
+                          std::span<const SamplingParams> sampling, std::vector<float>* logits,
+                          std::vector<SampledToken>* tokens);
+  // Stages row b's sampling parameters, its draw counter the sequence's length after the step.
+  void StageSampling(int64_t b, const SamplingParams& params, uint64_t step);
+  // Copies the step's results from pinned memory to the caller.
+  void CollectOutputs(int64_t rows, std::vector<float>* logits,
+                      std::vector<SampledToken>* tokens) const;
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in].
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
@@ -171,7 +244,15 @@ class CudaEngine : public Engine {
     DeviceBuffer tokens, row_segment, segments, out_rows;
     DeviceBuffer h, x, a, q, k, v, lr, ttt_out, y, gate, y_gemm, conv_in;
     DeviceBuffer ffn_gate, ffn_up, ffn_act, final_rows, final_in, logits;
+    // Host staging of the batch description and the logits.
+    PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_logits;
+    // Sampling: parameters in, chosen ids and log-probs out.
+    DeviceBuffer sampling, sampled_ids, sampled_logprobs;
+    PinnedBuffer host_sampling, host_sampled_ids, host_sampled_logprobs;
   } scratch_;
+  DeviceBuffer cublas_workspace_;
+  // Captured decode steps by (batch-size bucket, whether they sample).
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
 };
 
 absl::Status CudaEngine::Initialize() {
@@ -189,6 +270,10 @@ absl::Status CudaEngine::Initialize() {
   TTT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   TTT_CUBLAS(cublasCreate(&cublas_));
   TTT_CUBLAS(cublasSetStream(cublas_, stream_));
+  // A fixed workspace, so that cuBLAS allocates nothing while a decode step is being captured.
+  constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  TTT_RETURN_IF_ERROR(cublas_workspace_.Reserve(kCublasWorkspaceBytes));
+  TTT_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.get(), kCublasWorkspaceBytes));
   if (options_.precision == WeightPrecision::kFloat32) {
     // True float32 products (no TF32), so this mode can be held to the reference's tolerance.
     TTT_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
@@ -410,26 +495,87 @@ absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFo
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {
   const ModelConfig& c = model_->config;
-  const size_t R = std::max<int64_t>(rows, 1), D = c.hidden_size, I = c.intermediate_size;
+  const size_t R = std::max<int64_t>(rows, 1), S = std::max<int64_t>(segments, 1);
+  const size_t L = std::max<int64_t>(logit_rows, 1), D = c.hidden_size, I = c.intermediate_size;
   const size_t nh = c.num_attention_heads, g = gemm_element_bytes(), f4 = sizeof(float);
   Scratch& s = scratch_;
-  TTT_RETURN_IF_ERROR(s.tokens.Reserve(R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(s.row_segment.Reserve(R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(s.segments.Reserve(std::max<int64_t>(segments, 1) * sizeof(cu::Segment)));
-  const size_t L = std::max<int64_t>(logit_rows, 1);
-  TTT_RETURN_IF_ERROR(s.out_rows.Reserve(L * sizeof(int32_t)));
+  bool grew = false;
+  auto reserve = [&](auto& buffer, size_t bytes) {
+    if (bytes > buffer.bytes_reserved()) grew = true;
+    return buffer.Reserve(bytes);
+  };
+  TTT_RETURN_IF_ERROR(reserve(s.tokens, R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.row_segment, R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.segments, S * sizeof(cu::Segment)));
+  TTT_RETURN_IF_ERROR(reserve(s.out_rows, L * sizeof(int32_t)));
   for (DeviceBuffer* b : {&s.h, &s.a, &s.q, &s.k, &s.v, &s.ttt_out, &s.y, &s.gate, &s.conv_in}) {
-    TTT_RETURN_IF_ERROR(b->Reserve(R * D * f4));
+    TTT_RETURN_IF_ERROR(reserve(*b, R * D * f4));
   }
-  for (DeviceBuffer* b : {&s.x, &s.y_gemm}) TTT_RETURN_IF_ERROR(b->Reserve(R * D * g));
-  TTT_RETURN_IF_ERROR(s.final_rows.Reserve(L * D * f4));
-  TTT_RETURN_IF_ERROR(s.final_in.Reserve(L * D * g));
-  TTT_RETURN_IF_ERROR(s.lr.Reserve(R * nh * f4));
-  TTT_RETURN_IF_ERROR(s.ffn_gate.Reserve(R * I * f4));
-  TTT_RETURN_IF_ERROR(s.ffn_up.Reserve(R * I * f4));
-  TTT_RETURN_IF_ERROR(s.ffn_act.Reserve(R * I * g));
-  TTT_RETURN_IF_ERROR(s.logits.Reserve(L * c.vocab_size * f4));
+  for (DeviceBuffer* b : {&s.x, &s.y_gemm}) TTT_RETURN_IF_ERROR(reserve(*b, R * D * g));
+  TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.ffn_gate, R * I * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.ffn_up, R * I * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
+  TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
+  TTT_RETURN_IF_ERROR(reserve(s.logits, L * c.vocab_size * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.host_tokens, R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_row_segment, R * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_segments, S * sizeof(cu::Segment)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_out_rows, L * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.sampling, S * sizeof(cu::SamplingRow)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_sampling, S * sizeof(cu::SamplingRow)));
+  TTT_RETURN_IF_ERROR(reserve(s.sampled_ids, S * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_sampled_ids, S * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(reserve(s.sampled_logprobs, S * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.host_sampled_logprobs, S * f4));
+  if (grew) graphs_.clear();
   return absl::OkStatus();
+}
+
+absl::Status CudaEngine::UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows,
+                                      bool sample) {
+  Scratch& s = scratch_;
+  TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), s.host_tokens.get<int32_t>(), rows * sizeof(int32_t),
+                           cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), s.host_row_segment.get<int32_t>(),
+                           rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cudaMemcpyAsync(s.segments.get(), s.host_segments.get<cu::Segment>(),
+                           segments * sizeof(cu::Segment), cudaMemcpyHostToDevice, stream_));
+  if (logit_rows > 0) {
+    TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), s.host_out_rows.get<int32_t>(),
+                             logit_rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  }
+  if (sample) {
+    TTT_CUDA(cudaMemcpyAsync(s.sampling.get(), s.host_sampling.get<cu::SamplingRow>(),
+                             segments * sizeof(cu::SamplingRow), cudaMemcpyHostToDevice, stream_));
+  }
+  return absl::OkStatus();
+}
+
+void CudaEngine::StageSampling(int64_t b, const SamplingParams& params, uint64_t step) {
+  scratch_.host_sampling.get<cu::SamplingRow>()[b] = {.temperature = params.temperature,
+                                                      .top_k = params.top_k,
+                                                      .top_p = params.top_p,
+                                                      .min_p = params.min_p,
+                                                      .seed = params.seed,
+                                                      .step = step};
+}
+
+void CudaEngine::CollectOutputs(int64_t rows, std::vector<float>* logits,
+                                std::vector<SampledToken>* tokens) const {
+  const Scratch& s = scratch_;
+  if (tokens != nullptr) {
+    tokens->resize(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      (*tokens)[r] = {s.host_sampled_ids.get<int32_t>()[r],
+                      s.host_sampled_logprobs.get<float>()[r]};
+    }
+  } else {
+    const float* host = s.host_logits.get<float>();
+    logits->assign(host, host + rows * model_->config.vocab_size);
+  }
 }
 
 absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
@@ -449,60 +595,142 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
 absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::vector<float>* logits) {
   TTT_RETURN_IF_ERROR(Validate(batch, which));
-  const ModelConfig& c = model_->config;
-  const int64_t D = c.hidden_size, V = c.vocab_size;
+  return Run(batch, which, {}, logits, nullptr);
+}
 
-  std::vector<int32_t> tokens, row_segment, out_rows;
-  std::vector<cu::Segment> segments;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const SequenceChunk& chunk = batch[b];
-    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
-    segments.push_back({.row = static_cast<int32_t>(tokens.size()), .count = n, .slot = chunk.slot,
-                        .start = lengths_[chunk.slot]});
-    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
-    row_segment.insert(row_segment.end(), n, static_cast<int32_t>(b));
-    if (which == LogitsFor::kLastToken) out_rows.push_back(segments.back().row + n - 1);
+absl::Status CudaEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
+                                          std::span<const SamplingParams> sampling,
+                                          std::vector<SampledToken>* tokens) {
+  TTT_RETURN_IF_ERROR(Validate(batch, LogitsFor::kLastToken));
+  TTT_RETURN_IF_ERROR(ValidateBatchSampling(batch, sampling));
+  return Run(batch, LogitsFor::kLastToken, sampling, nullptr, tokens);
+}
+
+absl::Status CudaEngine::Run(std::span<const SequenceChunk> batch, LogitsFor which,
+                             std::span<const SamplingParams> sampling, std::vector<float>* logits,
+                             std::vector<SampledToken>* tokens) {
+  const bool sample = tokens != nullptr;
+  const bool one_token_each =
+      !batch.empty() && std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& chunk) {
+        return chunk.tokens.size() == 1;
+      });
+  if (one_token_each && which != LogitsFor::kNone) {
+    return DecodeStep(batch, sampling, logits, tokens);
   }
-  const int64_t rows = static_cast<int64_t>(tokens.size());
-  if (which == LogitsFor::kEveryToken) {
-    for (int64_t r = 0; r < rows; ++r) out_rows.push_back(static_cast<int32_t>(r));
-  }
+
+  int64_t rows = 0;
+  for (const SequenceChunk& chunk : batch) rows += chunk.tokens.size();
   if (rows == 0) {
-    logits->clear();
+    if (logits != nullptr) logits->clear();
     return absl::OkStatus();
   }
-  TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments.size(), out_rows.size()));
+  const int64_t segments = batch.size();
+  const int64_t logit_rows =
+      which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
+  TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments, logit_rows));
   Scratch& s = scratch_;
-  TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), tokens.data(), rows * sizeof(int32_t),
-                           cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), row_segment.data(), rows * sizeof(int32_t),
-                           cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cudaMemcpyAsync(s.segments.get(), segments.data(), segments.size() * sizeof(cu::Segment),
-                           cudaMemcpyHostToDevice, stream_));
+  int32_t* host_tokens = s.host_tokens.get<int32_t>();
+  int32_t* host_row_segment = s.host_row_segment.get<int32_t>();
+  int32_t* host_out_rows = s.host_out_rows.get<int32_t>();
+  int32_t row = 0;
+  for (int64_t b = 0; b < segments; ++b) {
+    const SequenceChunk& chunk = batch[b];
+    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    s.host_segments.get<cu::Segment>()[b] = {
+        .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
+    for (int32_t i = 0; i < n; ++i) {
+      host_tokens[row + i] = chunk.tokens[i];
+      host_row_segment[row + i] = static_cast<int32_t>(b);
+      if (which == LogitsFor::kEveryToken) host_out_rows[row + i] = row + i;
+    }
+    row += n;
+    if (which == LogitsFor::kLastToken) host_out_rows[b] = row - 1;
+    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
+  }
+  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
+  TTT_RETURN_IF_ERROR(EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
+  if (logit_rows > 0) CollectOutputs(logit_rows, logits, tokens);
+  return absl::OkStatus();
+}
 
+absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
+                                    std::span<const SamplingParams> sampling,
+                                    std::vector<float>* logits,
+                                    std::vector<SampledToken>* tokens) {
+  const bool sample = tokens != nullptr;
+  const int64_t n = batch.size();
+  // Buckets are powers of two; the rows past the batch are idle segments (count 0) that read a
+  // live slot's conv history but change no state.
+  int64_t bucket = 1;
+  while (bucket < n) bucket *= 2;
+  TTT_RETURN_IF_ERROR(EnsureScratch(bucket, bucket, bucket));
+  Scratch& s = scratch_;
+  for (int64_t b = 0; b < bucket; ++b) {
+    const bool real = b < n;
+    const SequenceSlot slot = real ? batch[b].slot : batch[0].slot;
+    s.host_segments.get<cu::Segment>()[b] = {.row = static_cast<int32_t>(b),
+                                             .count = real ? 1 : 0,
+                                             .slot = slot,
+                                             .start = real ? lengths_[slot] : 0};
+    s.host_tokens.get<int32_t>()[b] = real ? batch[b].tokens[0] : 0;
+    s.host_row_segment.get<int32_t>()[b] = static_cast<int32_t>(b);
+    if (sample) StageSampling(b, real ? sampling[b] : SamplingParams{}, lengths_[slot] + 1);
+  }
+  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample));
+
+  std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
+  if (graph == nullptr) {
+    auto captured = std::make_unique<DecodeGraph>();
+    TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample);
+    const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
+    TTT_RETURN_IF_ERROR(enqueued);
+    TTT_CUDA(ended);
+    TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
+    graph = std::move(captured);
+  }
+  TTT_CUDA(cudaGraphLaunch(*graph->exec(), stream_));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
+  CollectOutputs(n, logits, tokens);
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows,
+                                        bool gather, bool sample) {
+  const ModelConfig& c = model_->config;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  Scratch& s = scratch_;
   TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, embedding_, gemm_type(), D,
                                s.h.get<float>(), stream_));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, segments.size()));
+    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments));
   }
-  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
-
-  if (which == LogitsFor::kNone) {
-    TTT_CUDA(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+  if (logit_rows == 0) return absl::OkStatus();
+  const float* final_rows = s.h.get<float>();
+  if (gather) {
+    TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.out_rows.get<int32_t>(), logit_rows, D,
+                            s.final_rows.get<float>(), stream_));
+    final_rows = s.final_rows.get<float>();
   }
-  const int64_t n = static_cast<int64_t>(out_rows.size());
-  TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), out_rows.data(), n * sizeof(int32_t),
-                           cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.out_rows.get<int32_t>(), n, D,
-                          s.final_rows.get<float>(), stream_));
-  TTT_CUDA(cu::RmsNorm(s.final_rows.get<float>(), n, D, final_norm_, c.rms_norm_eps,
-                       s.final_in.get(), gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(Gemm(s.final_in.get(), n, D, lm_head_, V, s.logits.get<float>(), false));
-  logits->resize(n * V);
-  TTT_CUDA(cudaMemcpyAsync(logits->data(), s.logits.get(), n * V * sizeof(float),
-                           cudaMemcpyDeviceToHost, stream_));
-  TTT_CUDA(cudaStreamSynchronize(stream_));
+  TTT_CUDA(cu::RmsNorm(final_rows, logit_rows, D, final_norm_, c.rms_norm_eps, s.final_in.get(),
+                       gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(
+      Gemm(s.final_in.get(), logit_rows, D, lm_head_, V, s.logits.get<float>(), false));
+  if (sample) {
+    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V, s.sampling.get<cu::SamplingRow>(),
+                              s.sampled_ids.get<int32_t>(), s.sampled_logprobs.get<float>(),
+                              stream_));
+    TTT_CUDA(cudaMemcpyAsync(s.host_sampled_ids.get<int32_t>(), s.sampled_ids.get(),
+                             logit_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    TTT_CUDA(cudaMemcpyAsync(s.host_sampled_logprobs.get<float>(), s.sampled_logprobs.get(),
+                             logit_rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  } else {
+    TTT_CUDA(cudaMemcpyAsync(s.host_logits.get<float>(), s.logits.get(),
+                             logit_rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/engine/sampler.h"
 #include "server/model/config.h"
 
 namespace ttt {
@@ -63,6 +64,19 @@ class Engine {
   // rows × vocab_size floats to *logits as `which` says.
   virtual absl::Status Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                std::vector<float>* logits) = 0;
+
+  // Forward with kLastToken, then each sequence's next token chosen from those logits as
+  // SampleToken does, with one SamplingParams per chunk and the sequence's new length as the draw
+  // counter. Penalties need the caller's token history, so a non-default penalty here is
+  // InvalidArgument (apply them to Forward's logits instead). On a GPU only ids and log-probs
+  // leave the device.
+  virtual absl::Status ForwardAndSample(std::span<const SequenceChunk> batch,
+                                        std::span<const SamplingParams> sampling,
+                                        std::vector<SampledToken>* tokens) = 0;
 };
+
+// The checks ForwardAndSample makes on `sampling` besides Forward's on `batch`.
+absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
+                                   std::span<const SamplingParams> sampling);
 
 }  // namespace ttt

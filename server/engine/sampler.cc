@@ -114,14 +114,21 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
         break;
       }
     }
+    // The draw walks the kept tokens in id order, as the GPU sampler does, so both backends pick
+    // the same token for the same seed.
+    std::vector<std::pair<int32_t, double>> by_id;
     double kept_total = 0;
-    for (int32_t i = 0; i < kept; ++i) kept_total += probs[i];
-    double target = UniformDraw(p.seed, step) * kept_total;
-    chosen = ids[kept - 1];
     for (int32_t i = 0; i < kept; ++i) {
-      target -= probs[i];
+      by_id.push_back({ids[i], probs[i]});
+      kept_total += probs[i];
+    }
+    std::sort(by_id.begin(), by_id.end());
+    double target = UniformDraw(p.seed, step) * kept_total;
+    chosen = ids[0];  // If rounding leaves the target past the end: the most likely token.
+    for (const auto& [id, prob] : by_id) {
+      target -= prob;
       if (target < 0) {
-        chosen = ids[i];
+        chosen = id;
         break;
       }
     }

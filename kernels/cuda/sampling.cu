@@ -1,0 +1,166 @@
+// Next-token choice on the GPU, one block per row of logits, so only ids and log-probs leave it.
+//
+// The kept set is every token whose tempered score reaches a threshold (from top-k, min-p and
+// top-p, found by bisection on the value instead of a sort), and the draw walks the kept tokens in
+// id order: the same rule as the CPU sampler, so both pick the same token for the same seed
+// whenever their kept sets agree.
+#include <cfloat>
+
+#include "kernels/cuda/common.cuh"
+
+namespace ttt::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kBisectionSteps = 40;
+
+__device__ float BlockMax(float v, float* scratch) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  v = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch[threadIdx.x % kWarp] : -FLT_MAX;
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The smallest index holding `target` (the row's maximum), so ties go to the lowest id.
+__device__ int BlockFirstIndexOf(const float* row, int V, float target, int* scratch_int) {
+  int best = V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    if (row[i] == target) {
+      best = i;
+      break;
+    }
+  }
+  for (int o = kWarp / 2; o > 0; o /= 2) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
+  __syncthreads();
+  if (threadIdx.x % kWarp == 0) scratch_int[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  best = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch_int[threadIdx.x % kWarp] : V;
+  for (int o = kWarp / 2; o > 0; o /= 2) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
+  return best;
+}
+
+__device__ uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows, int32_t* ids,
+                             float* logprobs) {
+  __shared__ float scratch[kWarp];
+  __shared__ int scratch_int[kWarp];
+  __shared__ float prefix[kThreads];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
+  const SamplingRow p = rows[blockIdx.x];
+  float local_max = -FLT_MAX;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) local_max = fmaxf(local_max, row[i]);
+  const float top = BlockMax(local_max, scratch);
+  float sum = 0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(row[i] - top);
+  const float log_sum = logf(BlockSum(sum, scratch));
+
+  int chosen;
+  if (p.temperature == 0.0f || p.top_k == 1) {
+    chosen = BlockFirstIndexOf(row, V, top, scratch_int);
+  } else {
+    // Tempered scores s = (l − top)/T ≤ 0; a token is kept when s ≥ threshold.
+    const float inv_t = 1.0f / p.temperature;
+    auto score = [&](int i) { return (row[i] - top) * inv_t; };
+    float min_score = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) min_score = fminf(min_score, score(i));
+    min_score = -BlockMax(-min_score, scratch);
+    float threshold = min_score;
+    if (p.top_k > 0 && p.top_k < V) {
+      float lo = min_score, hi = 0;  // count(s ≥ lo) ≥ k always.
+      for (int step = 0; step < kBisectionSteps; ++step) {
+        const float mid = 0.5f * (lo + hi);
+        float count = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) count += score(i) >= mid;
+        if (BlockSum(count, scratch) >= p.top_k) lo = mid; else hi = mid;
+      }
+      threshold = fmaxf(threshold, lo);
+    }
+    if (p.min_p > 0) threshold = fmaxf(threshold, logf(p.min_p));
+    auto mass_above = [&](float t) {
+      float m = 0;
+      for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float s = score(i);
+        if (s >= t) m += expf(s);
+      }
+      return BlockSum(m, scratch);
+    };
+    if (p.top_p < 1.0f) {
+      const float total = mass_above(threshold);
+      float lo = threshold, hi = 0;  // mass(≥ lo) ≥ top_p · total always.
+      for (int step = 0; step < kBisectionSteps; ++step) {
+        const float mid = 0.5f * (lo + hi);
+        if (mass_above(mid) >= p.top_p * total) lo = mid; else hi = mid;
+      }
+      threshold = lo;
+    }
+    // Draw: walk the kept tokens in id order; each thread owns a contiguous range of ids.
+    const int per_thread = (V + blockDim.x - 1) / blockDim.x;
+    const int begin = min(V, static_cast<int>(threadIdx.x) * per_thread);
+    const int end = min(V, begin + per_thread);
+    float mine = 0;
+    for (int i = begin; i < end; ++i) {
+      const float s = score(i);
+      if (s >= threshold) mine += expf(s);
+    }
+    prefix[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // Exclusive scan over the block (1024 adds, once per row).
+      float running = 0;
+      for (int t = 0; t < blockDim.x; ++t) {
+        const float v = prefix[t];
+        prefix[t] = running;
+        running += v;
+      }
+      scratch[0] = running;
+    }
+    __syncthreads();
+    const float kept_total = scratch[0];
+    const double u = static_cast<double>(Mix(Mix(p.seed) ^ p.step) >> 11) * 0x1.0p-53;
+    const float target = static_cast<float>(u) * kept_total;
+    int found = V;
+    float running = prefix[threadIdx.x];
+    if (running <= target && target < running + mine) {
+      for (int i = begin; i < end; ++i) {
+        const float s = score(i);
+        if (s < threshold) continue;
+        running += expf(s);
+        if (target < running) {
+          found = i;
+          break;
+        }
+      }
+    }
+    for (int o = kWarp / 2; o > 0; o /= 2) found = min(found, __shfl_xor_sync(0xffffffffu, found, o));
+    __syncthreads();
+    if (threadIdx.x % kWarp == 0) scratch_int[threadIdx.x / kWarp] = found;
+    __syncthreads();
+    found = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch_int[threadIdx.x % kWarp] : V;
+    for (int o = kWarp / 2; o > 0; o /= 2) found = min(found, __shfl_xor_sync(0xffffffffu, found, o));
+    // Rounding can leave the target just past the last kept token: take the most likely one.
+    chosen = found < V ? found : BlockFirstIndexOf(row, V, top, scratch_int);
+  }
+  if (threadIdx.x == 0) {
+    ids[blockIdx.x] = chosen;
+    logprobs[blockIdx.x] = row[chosen] - top - log_sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
+                         int32_t* ids, float* logprobs, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, V, params, ids, logprobs);
+  return cudaGetLastError();
+}
+
+}  // namespace ttt::kernels::cuda

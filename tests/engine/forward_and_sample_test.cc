@@ -1,0 +1,78 @@
+// Engine::ForwardAndSample on the CPU engine: the sampler applied to Forward's last-token logits.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/engine/cpu_engine.h"
+#include "tests/test_support.h"
+
+namespace ttt {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ForwardAndSampleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = LoadModel(testing::TestDataPath("golden/tiny-linear-m"));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *model;
+    golden_ = testing::LoadGolden("tiny-linear-m");
+  }
+  std::shared_ptr<const Model> model_;
+  testing::Golden golden_;
+};
+
+TEST_F(ForwardAndSampleTest, GreedyReproducesTheReference) {
+  CpuEngine engine(model_);
+  std::vector<SequenceChunk> batch;
+  for (int64_t b = 0; b < golden_.batch; ++b) {
+    batch.push_back({*engine.CreateSequence(), golden_.input_ids[b]});
+  }
+  const std::vector<SamplingParams> greedy(golden_.batch);
+  std::vector<SampledToken> sampled;
+  std::vector<std::vector<int32_t>> generated(golden_.batch);
+  for (int64_t g = 0; g < golden_.greedy_steps; ++g) {
+    ASSERT_TRUE(engine.ForwardAndSample(batch, greedy, &sampled).ok());
+    for (int64_t b = 0; b < golden_.batch; ++b) {
+      generated[b].push_back(sampled[b].id);
+      batch[b].tokens = std::span(&generated[b].back(), 1);
+      EXPECT_LT(sampled[b].logprob, 0.0f);
+    }
+  }
+  EXPECT_EQ(generated, golden_.greedy_ids);
+}
+
+TEST_F(ForwardAndSampleTest, SeededDrawsAreTheSamplersDraws) {
+  CpuEngine engine(model_);
+  const SequenceSlot slot = *engine.CreateSequence();
+  const SequenceChunk chunk{slot, golden_.input_ids[0]};
+  const SamplingParams params{.temperature = 1.0f, .top_p = 0.9f, .seed = 11};
+  std::vector<SampledToken> sampled;
+  ASSERT_TRUE(engine.ForwardAndSample({&chunk, 1}, {&params, 1}, &sampled).ok());
+
+  CpuEngine reference(model_);
+  const SequenceChunk again{*reference.CreateSequence(), golden_.input_ids[0]};
+  std::vector<float> logits;
+  ASSERT_TRUE(reference.Forward({&again, 1}, LogitsFor::kLastToken, &logits).ok());
+  // The draw counter is the sequence's length after the chunk.
+  EXPECT_EQ(sampled[0].id, SampleToken(logits, params, {}, {}, golden_.length).id);
+}
+
+TEST_F(ForwardAndSampleTest, BadSamplingIsRefusedBeforeAnyStateChanges) {
+  CpuEngine engine(model_);
+  const SequenceSlot slot = *engine.CreateSequence();
+  const SequenceChunk chunk{slot, golden_.input_ids[0]};
+  std::vector<SampledToken> sampled;
+  const SamplingParams penalty{.repetition_penalty = 1.2f}, hot{.temperature = -1.0f};
+  absl::Status status = engine.ForwardAndSample({&chunk, 1}, {&penalty, 1}, &sampled);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("sampling[0]"));
+  status = engine.ForwardAndSample({&chunk, 1}, {&hot, 1}, &sampled);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("sampling[0].temperature"));
+  status = engine.ForwardAndSample({&chunk, 1}, {}, &sampled);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("sampling: 0 entries for a batch of 1"));
+  EXPECT_EQ(*engine.SequenceLength(slot), 0);
+}
+
+}  // namespace
+}  // namespace ttt
