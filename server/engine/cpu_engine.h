@@ -23,6 +23,7 @@ class CpuEngine : public Engine {
   std::string_view backend() const override { return "cpu"; }
   size_t state_bytes() const override { return layout_.total_bytes(); }
   size_t weight_bytes() const override { return model_->weights.total_bytes(); }
+  int64_t max_sequences() const override { return options_.max_sequences; }
 
   absl::StatusOr<SequenceSlot> CreateSequence() override;
   absl::Status ReleaseSequence(SequenceSlot slot) override;

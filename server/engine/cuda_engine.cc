@@ -160,6 +160,7 @@ class CudaEngine : public Engine {
     return options_.precision == WeightPrecision::kBFloat16 ? "cuda-bf16" : "cuda-f32";
   }
   size_t state_bytes() const override { return layout_.total_bytes(); }
+  int64_t max_sequences() const override { return capacity_; }
   size_t weight_bytes() const override {
     size_t bytes = 0;
     for (const DeviceBuffer& buffer : weight_buffers_) bytes += buffer.bytes();

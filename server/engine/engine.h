@@ -43,6 +43,8 @@ class Engine {
   virtual size_t state_bytes() const = 0;
   // Bytes of the weights as this backend holds them.
   virtual size_t weight_bytes() const = 0;
+  // The most sequences alive at once (0: no limit but memory).
+  virtual int64_t max_sequences() const = 0;
 
   // A fresh sequence: θ0 from the checkpoint, nothing absorbed.
   virtual absl::StatusOr<SequenceSlot> CreateSequence() = 0;

@@ -1,6 +1,5 @@
-// A thin wrapper over libsentencepiece. Debian's sentencepiece header declares its own
-// absl::string_view, which clashes with abseil's: only sentencepiece_model.cc includes it, and
-// this header includes no abseil either.
+// A SentencePiece model, through the plugin that keeps libsentencepiece (and the protobuf copy
+// inside it) out of the process's global symbols: see sentencepiece_plugin.h.
 #pragma once
 
 #include <cstdint>
@@ -9,9 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
+struct TttSpModel;
 
 namespace ttt {
 
@@ -21,7 +18,7 @@ class SentencePieceModel {
   static std::unique_ptr<SentencePieceModel> Load(const std::string& path, std::string* error);
   ~SentencePieceModel();
 
-  int vocab_size() const;
+  int vocab_size() const { return vocab_size_; }
   // Returns false and sets *error on failure.
   bool Encode(std::string_view text, std::vector<int32_t>* ids, std::string* error) const;
   std::string Decode(const std::vector<int32_t>& ids) const;
@@ -32,10 +29,12 @@ class SentencePieceModel {
   bool adds_dummy_prefix() const { return adds_dummy_prefix_; }
 
  private:
-  explicit SentencePieceModel(std::unique_ptr<sentencepiece::SentencePieceProcessor> processor);
+  SentencePieceModel() = default;
 
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  TttSpModel* model_ = nullptr;
+  int vocab_size_ = 0;
   bool adds_dummy_prefix_ = true;
+  std::vector<std::string> piece_bytes_;  // By id.
 };
 
 }  // namespace ttt

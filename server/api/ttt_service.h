@@ -1,0 +1,61 @@
+// The gRPC face of the server (proto/ttt/v1/ttt.proto): validates requests, tokenizes, hands
+// generations to the scheduler and streams their tokens back as text pieces.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "server/metrics/metrics.h"
+#include "server/model/model.h"
+#include "server/scheduler/scheduler.h"
+#include "ttt/v1/ttt.grpc.pb.h"
+
+namespace ttt {
+
+class TttService final : public v1::TttService::Service {
+ public:
+  // Until Ready is called (the model is loading) every call answers UNAVAILABLE.
+  TttService() = default;
+  void Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics);
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        v1::CompleteResponse* response) override;
+  grpc::Status CreateSession(grpc::ServerContext* context, const v1::CreateSessionRequest* request,
+                             v1::Session* response) override;
+  grpc::Status ForkSession(grpc::ServerContext* context, const v1::ForkSessionRequest* request,
+                           v1::Session* response) override;
+  grpc::Status GetSession(grpc::ServerContext* context, const v1::GetSessionRequest* request,
+                          v1::Session* response) override;
+  grpc::Status DeleteSession(grpc::ServerContext* context, const v1::DeleteSessionRequest* request,
+                             v1::DeleteSessionResponse* response) override;
+  grpc::Status ExportSession(grpc::ServerContext* context, const v1::ExportSessionRequest* request,
+                             v1::ExportSessionResponse* response) override;
+  grpc::Status ImportSession(grpc::ServerContext* context, const v1::ImportSessionRequest* request,
+                             v1::Session* response) override;
+  grpc::Status Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
+                        v1::TokenizeResponse* response) override;
+  grpc::Status Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
+                          v1::DetokenizeResponse* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
+                            v1::ModelInfo* response) override;
+
+ private:
+  struct Backend {
+    std::shared_ptr<const Model> model;
+    Scheduler* scheduler;
+    Metrics* metrics;
+  };
+  // The loaded model, or UNAVAILABLE while loading.
+  absl::StatusOr<const Backend*> backend() const;
+  // Runs a generation, calling `emit` for each batch of tokens; returns its end.
+  grpc::Status RunGeneration(
+      grpc::ServerContext* context, const v1::GenerateRequest& request,
+      const std::function<bool(v1::GenerateResponse&)>& emit);
+
+  std::unique_ptr<Backend> backend_storage_;
+  std::atomic<const Backend*> backend_{nullptr};
+};
+
+}  // namespace ttt

@@ -1,0 +1,68 @@
+// The server's Prometheus metrics, named and shaped like vLLM's (prefix ttt_), plus what only a
+// TTT server has: sessions and state bytes per tier, state slots, batch sizes, step durations.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace ttt {
+
+enum class FinishReason;
+struct GenerationTimes;
+struct SchedulerStats;
+
+class Metrics {
+ public:
+  // `engine_tier` labels states in the engine's pool: "gpu" (CUDA backend) or "cpu".
+  explicit Metrics(std::string engine_tier);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // A request ended: a success (by finish reason) when `status` is OK, else an error by code.
+  void RequestFinished(FinishReason reason, const absl::Status& status,
+                       const GenerationTimes& times);
+  // A request that never reached the scheduler (invalid, queue full, draining).
+  void RequestRejected(const absl::Status& status);
+  void PromptTokens(int64_t count);
+  // A generated token; `since_previous` is the time since the request's previous token (or, for
+  // the first, since its arrival).
+  void TokenGenerated(bool first, absl::Duration since_previous);
+  // One engine step: rows in the batch, prefill tokens in it, decode rows, time taken.
+  void StepFinished(int64_t batch_rows, int64_t prefill_tokens, int64_t decode_rows,
+                    absl::Duration duration);
+  void SessionResumedFromHost();
+  void SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
+                      int64_t total_slots);
+
+ private:
+  std::string engine_tier_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram* time_to_first_token_;
+  prometheus::Histogram* inter_token_latency_;
+  prometheus::Histogram* e2e_latency_;
+  prometheus::Histogram* queue_time_;
+  prometheus::Histogram* batch_size_;
+  prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Counter* prompt_tokens_;
+  prometheus::Counter* generation_tokens_;
+  prometheus::Family<prometheus::Counter>* success_;
+  prometheus::Family<prometheus::Counter>* errors_;
+  prometheus::Family<prometheus::Gauge>* sessions_;
+  prometheus::Family<prometheus::Gauge>* state_bytes_;
+  prometheus::Family<prometheus::Gauge>* state_slots_;
+  prometheus::Counter* session_resumes_;
+};
+
+}  // namespace ttt

@@ -1,0 +1,668 @@
+#include "server/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "server/metrics/metrics.h"
+#include "server/util/status_macros.h"
+
+namespace ttt {
+
+// ---- GenerationHandle -------------------------------------------------------------------------
+
+bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update) {
+  absl::MutexLock lock(&mutex_);
+  mutex_.AwaitWithTimeout(absl::Condition(&has_news_), timeout);
+  if (!has_news_) return false;
+  *update = std::move(pending_);
+  pending_ = GenerationUpdate();
+  has_news_ = false;
+  return true;
+}
+
+void GenerationHandle::Cancel(FinishReason reason) {
+  absl::MutexLock lock(&mutex_);
+  if (cancel_) return;
+  cancel_ = true;
+  cancel_reason_ = reason;
+}
+
+void GenerationHandle::Push(std::vector<GeneratedToken> tokens) {
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  has_news_ = true;
+}
+
+void GenerationHandle::Finish(std::vector<GeneratedToken> tokens, FinishReason reason,
+                              absl::Status status, const GenerationTimes& times) {
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  pending_.finished = true;
+  pending_.finish_reason = reason;
+  pending_.status = std::move(status);
+  pending_.times = times;
+  has_news_ = true;
+}
+
+bool GenerationHandle::cancel_requested(FinishReason* reason) {
+  absl::MutexLock lock(&mutex_);
+  *reason = cancel_reason_;
+  return cancel_;
+}
+
+// ---- Scheduler state --------------------------------------------------------------------------
+
+struct Scheduler::Session {
+  std::string id;
+  SequenceSlot slot = -1;    // In the engine when >= 0,
+  std::string saved_state;   // else evicted to host memory.
+  int64_t length = 0;
+  absl::Time last_used;
+  bool busy = false;
+};
+
+struct Scheduler::Active {
+  std::shared_ptr<GenerationHandle> handle;
+  GenerationSpec spec;
+  Session* session = nullptr;
+  SequenceSlot slot = -1;
+  size_t fed = 0;                 // Prompt tokens fed.
+  std::vector<int32_t> output;    // Generated tokens.
+  bool last_output_fed = true;    // Whether the state has absorbed output.back().
+  bool absorbing_final = false;   // Finished; one last chunk feeds the final token to a session.
+  std::optional<FinishReason> finish;
+  absl::Time arrival, first_step, first_token, last_token;
+
+  bool prefilling() const { return fed < spec.prompt.size(); }
+};
+
+Scheduler::Scheduler(std::unique_ptr<Engine> engine, SchedulerOptions options, Metrics* metrics)
+    : engine_(std::move(engine)), options_(options), metrics_(metrics) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() {
+  CancelAll();
+  {
+    absl::MutexLock lock(&mutex_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+absl::StatusOr<std::shared_ptr<GenerationHandle>> Scheduler::Submit(GenerationSpec spec) {
+  auto active = std::make_unique<Active>();
+  active->handle = std::make_shared<GenerationHandle>();
+  active->spec = std::move(spec);
+  active->arrival = absl::Now();
+  if (active->spec.stop.max_new_tokens <= 0) {
+    active->spec.stop.max_new_tokens = options_.default_max_new_tokens;
+  }
+  if (options_.max_context_tokens > 0 && active->spec.session_id.empty() &&
+      static_cast<int64_t>(active->spec.prompt.size()) + active->spec.stop.max_new_tokens >
+          options_.max_context_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt: prompt tokens + max_new_tokens exceed max_context_tokens (",
+                     options_.max_context_tokens, ")"));
+  }
+  std::shared_ptr<GenerationHandle> handle = active->handle;
+  absl::MutexLock lock(&mutex_);
+  if (draining_) return absl::UnavailableError("the server is draining");
+  if (static_cast<int64_t>(incoming_.size()) + stats_.waiting >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the waiting queue is full (", options_.max_waiting, " requests)"));
+  }
+  incoming_.push_back(std::move(active));
+  return handle;
+}
+
+absl::Status Scheduler::RunOnEngineThread(std::function<absl::Status()> task) {
+  std::promise<absl::Status> done;
+  std::future<absl::Status> result = done.get_future();
+  {
+    absl::MutexLock lock(&mutex_);
+    if (stopping_) return absl::UnavailableError("the server is stopping");
+    tasks_.push_back([&] { done.set_value(task()); });
+  }
+  return result.get();
+}
+
+void Scheduler::Drain() {
+  absl::MutexLock lock(&mutex_);
+  draining_ = true;
+}
+
+void Scheduler::CancelAll() {
+  absl::MutexLock lock(&mutex_);
+  cancel_all_ = true;
+}
+
+bool Scheduler::Idle() {
+  absl::MutexLock lock(&mutex_);
+  return incoming_.empty() && stats_.running == 0 && stats_.waiting == 0;
+}
+
+SchedulerStats Scheduler::Stats() {
+  absl::MutexLock lock(&mutex_);
+  return stats_;
+}
+
+// ---- The loop ---------------------------------------------------------------------------------
+
+void Scheduler::Loop() {
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    bool cancel_all = false;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto has_work = [this] {
+        mutex_.AssertHeld();
+        return stopping_ || !incoming_.empty() || !tasks_.empty() || cancel_all_ ||
+               !waiting_.empty() || !running_.empty();
+      };
+      mutex_.Await(absl::Condition(&has_work));
+      if (stopping_ && incoming_.empty() && tasks_.empty() && waiting_.empty() &&
+          running_.empty()) {
+        return;
+      }
+      tasks.swap(tasks_);
+      while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+      std::swap(cancel_all, cancel_all_);
+    }
+    for (auto& task : tasks) task();
+    if (cancel_all) {
+      for (auto& active : waiting_) active->handle->Cancel(FinishReason::kCancelled);
+      for (auto& active : running_) active->handle->Cancel(FinishReason::kCancelled);
+    }
+    Step();
+  }
+}
+
+void Scheduler::Finish(Active& active, FinishReason reason, absl::Status status,
+                       std::vector<GeneratedToken> last_tokens) {
+  const absl::Time now = absl::Now();
+  GenerationTimes times;
+  times.prompt_tokens = static_cast<int32_t>(active.spec.prompt.size());
+  times.generated_tokens = static_cast<int32_t>(active.output.size());
+  times.queue = (active.first_step == absl::Time() ? now : active.first_step) - active.arrival;
+  times.time_to_first_token =
+      active.first_token == absl::Time() ? absl::ZeroDuration() : active.first_token - active.arrival;
+  times.total = now - active.arrival;
+  if (metrics_ != nullptr) metrics_->RequestFinished(reason, status, times);
+  active.handle->Finish(std::move(last_tokens), reason, std::move(status), times);
+  active.finish = reason;
+}
+
+void Scheduler::ReleaseActive(Active& active) {
+  if (active.session != nullptr) {
+    active.session->busy = false;
+    active.session->last_used = absl::Now();
+    if (active.slot >= 0) {
+      active.session->slot = active.slot;
+      active.session->length = *engine_->SequenceLength(active.slot);
+    }
+  } else if (active.slot >= 0) {
+    engine_->ReleaseSequence(active.slot).IgnoreError();
+  }
+  active.slot = -1;
+}
+
+absl::Status Scheduler::EvictOneIdleSession(const Session* keep) {
+  Session* victim = nullptr;
+  for (auto& [id, session] : sessions_) {
+    if (session->busy || session->slot < 0 || session.get() == keep) continue;
+    if (victim == nullptr || session->last_used < victim->last_used) victim = session.get();
+  }
+  if (victim == nullptr) {
+    return absl::ResourceExhaustedError("no free state slot, and no idle session to evict");
+  }
+  if (host_session_bytes_ + static_cast<int64_t>(engine_->state_bytes()) >
+      options_.max_host_session_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no free state slot, and host memory for evicted sessions is full (",
+        options_.max_host_session_bytes, " bytes)"));
+  }
+  TTT_ASSIGN_OR_RETURN(victim->saved_state, engine_->SaveSequence(victim->slot));
+  TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(victim->slot));
+  victim->slot = -1;
+  host_session_bytes_ += victim->saved_state.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SequenceSlot> Scheduler::CreateSlot(const Session* keep) {
+  while (true) {
+    absl::StatusOr<SequenceSlot> slot = engine_->CreateSequence();
+    if (slot.ok() || slot.status().code() != absl::StatusCode::kResourceExhausted) return slot;
+    TTT_RETURN_IF_ERROR(EvictOneIdleSession(keep));
+  }
+}
+
+absl::StatusOr<SequenceSlot> Scheduler::ForkSlot(SequenceSlot source, const Session* keep) {
+  while (true) {
+    absl::StatusOr<SequenceSlot> slot = engine_->ForkSequence(source);
+    if (slot.ok() || slot.status().code() != absl::StatusCode::kResourceExhausted) return slot;
+    TTT_RETURN_IF_ERROR(EvictOneIdleSession(keep));
+  }
+}
+
+absl::Status Scheduler::MakeResident(Session& session) {
+  if (session.slot >= 0) return absl::OkStatus();
+  while (true) {
+    absl::StatusOr<SequenceSlot> slot = engine_->RestoreSequence(session.saved_state);
+    if (slot.ok()) {
+      if (metrics_ != nullptr) metrics_->SessionResumedFromHost();
+      host_session_bytes_ -= session.saved_state.size();
+      session.saved_state.clear();
+      session.slot = *slot;
+      return absl::OkStatus();
+    }
+    if (slot.status().code() != absl::StatusCode::kResourceExhausted) return slot.status();
+    TTT_RETURN_IF_ERROR(EvictOneIdleSession(&session));
+  }
+}
+
+absl::StatusOr<SequenceSlot> Scheduler::Admit(Active& active) {
+  if (active.session == nullptr) return CreateSlot(nullptr);
+  TTT_RETURN_IF_ERROR(MakeResident(*active.session));
+  return active.session->slot;
+}
+
+void Scheduler::Step() {
+  const absl::Time now = absl::Now();
+  // Requests that arrived: bind sessions (one request per session at a time).
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Active& active = **it;
+    if (active.session == nullptr && !active.spec.session_id.empty() && !active.finish) {
+      auto found = sessions_.find(active.spec.session_id);
+      if (found == sessions_.end()) {
+        Finish(active, FinishReason::kCancelled,
+               absl::NotFoundError(absl::StrCat("session_id: no session '",
+                                                active.spec.session_id, "'")));
+      } else if (found->second->busy) {
+        Finish(active, FinishReason::kCancelled,
+               absl::AbortedError(absl::StrCat("session_id: session '", active.spec.session_id,
+                                               "' is busy with another request")));
+      } else {
+        active.session = found->second.get();
+        active.session->busy = true;
+        if (options_.max_context_tokens > 0 &&
+            active.session->length + static_cast<int64_t>(active.spec.prompt.size()) +
+                    active.spec.stop.max_new_tokens > options_.max_context_tokens) {
+          active.session->busy = false;
+          active.session = nullptr;
+          Finish(active, FinishReason::kCancelled,
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "prompt: the session's context would exceed max_context_tokens (",
+                     options_.max_context_tokens, ")")));
+        }
+      }
+    }
+    if (active.finish) {
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // Cancellations and deadlines, waiting and running alike.
+  auto check_cancel = [&](Active& active) {
+    FinishReason reason;
+    if (active.handle->cancel_requested(&reason)) {
+      Finish(active, reason, absl::OkStatus());
+    } else if (now >= active.spec.deadline) {
+      Finish(active, FinishReason::kCancelled,
+             absl::DeadlineExceededError("the request's deadline passed"));
+    }
+  };
+  for (auto& active : waiting_) check_cancel(*active);
+  for (auto& active : running_) {
+    if (!active->finish) check_cancel(*active);
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->finish) {
+      if ((*it)->session != nullptr) (*it)->session->busy = false;
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  // Admission, first come first served.
+  while (!waiting_.empty()) {
+    Active& active = *waiting_.front();
+    absl::StatusOr<SequenceSlot> slot = Admit(active);
+    if (!slot.ok()) {
+      if (slot.status().code() == absl::StatusCode::kResourceExhausted && !running_.empty()) {
+        break;  // Wait for a running request to end.
+      }
+      Finish(active, FinishReason::kCancelled, slot.status());
+      if (active.session != nullptr) active.session->busy = false;
+      waiting_.pop_front();
+      continue;
+    }
+    active.slot = *slot;
+    active.first_step = now;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+
+  // The batch: the final token of finished session requests, one decode token per running
+  // sequence, and prefill chunks within the budget.
+  std::vector<SequenceChunk> batch;
+  std::vector<Active*> owners;
+  std::vector<bool> samples;  // Whether a chunk's last position picks a token.
+  int64_t prefill_budget = options_.prefill_tokens_per_step;
+  for (auto& owned : running_) {
+    Active& active = *owned;
+    if (active.finish && !active.absorbing_final) {
+      if (active.session != nullptr && !active.last_output_fed) {
+        active.absorbing_final = true;
+      } else {
+        continue;
+      }
+    }
+    if (active.absorbing_final) {
+      batch.push_back({active.slot, std::span(&active.output.back(), 1)});
+      samples.push_back(false);
+    } else if (active.prefilling()) {
+      if (prefill_budget <= 0) continue;
+      const size_t n = std::min<size_t>(prefill_budget, active.spec.prompt.size() - active.fed);
+      batch.push_back({active.slot, std::span(active.spec.prompt).subspan(active.fed, n)});
+      samples.push_back(active.fed + n == active.spec.prompt.size());
+      prefill_budget -= n;
+    } else {
+      batch.push_back({active.slot, std::span(&active.output.back(), 1)});
+      samples.push_back(true);
+    }
+    owners.push_back(&active);
+  }
+
+  if (!batch.empty()) {
+    // Tokens are chosen on the engine (only ids come back) unless a request needs the logits:
+    // penalties read its history, top_logprobs reads the distribution.
+    bool host_sampling = false;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const GenerationSpec& spec = owners[i]->spec;
+      const SamplingParams& p = spec.sampling;
+      if (samples[i] && (spec.top_logprobs > 0 || p.repetition_penalty != 1.0f ||
+                         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)) {
+        host_sampling = true;
+      }
+    }
+    const absl::Time step_start = absl::Now();
+    std::vector<GeneratedToken> chosen(batch.size());
+    absl::Status status;
+    const int64_t V = engine_->config().vocab_size;
+    if (host_sampling) {
+      std::vector<float> logits;
+      status = engine_->Forward(batch, LogitsFor::kLastToken, &logits);
+      for (size_t i = 0; status.ok() && i < batch.size(); ++i) {
+        if (!samples[i]) continue;
+        const Active& active = *owners[i];
+        std::span<const float> row = std::span(logits).subspan(i * V, V);
+        const uint64_t step = *engine_->SequenceLength(active.slot);
+        const SampledToken token =
+            SampleToken(row, active.spec.sampling, active.spec.prompt, active.output, step);
+        chosen[i] = {token.id, token.logprob, {}};
+        if (active.spec.top_logprobs > 0) {
+          const float max = *std::max_element(row.begin(), row.end());
+          double sum = 0;
+          for (float v : row) sum += std::exp(double(v) - max);
+          const float log_sum = static_cast<float>(std::log(sum)) + max;
+          std::vector<int32_t> ids(V);
+          for (int32_t t = 0; t < V; ++t) ids[t] = t;
+          const int32_t n = std::min<int32_t>(active.spec.top_logprobs, V);
+          std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                            [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+          for (int32_t k = 0; k < n; ++k) {
+            chosen[i].top_logprobs.push_back({ids[k], row[ids[k]] - log_sum});
+          }
+        }
+      }
+    } else {
+      std::vector<SamplingParams> params;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        params.push_back(samples[i] ? owners[i]->spec.sampling : SamplingParams{});
+      }
+      std::vector<SampledToken> sampled;
+      status = engine_->ForwardAndSample(batch, params, &sampled);
+      for (size_t i = 0; status.ok() && i < batch.size(); ++i) {
+        chosen[i] = {sampled[i].id, sampled[i].logprob, {}};
+      }
+    }
+    const absl::Time step_end = absl::Now();
+    if (metrics_ != nullptr) {
+      int64_t prefill_tokens = 0, decode_rows = 0;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (owners[i]->prefilling()) prefill_tokens += batch[i].tokens.size();
+        else ++decode_rows;
+      }
+      metrics_->StepFinished(static_cast<int64_t>(batch.size()), prefill_tokens, decode_rows,
+                             step_end - step_start);
+    }
+
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Active& active = *owners[i];
+      if (!status.ok()) {
+        if (!active.finish) Finish(active, FinishReason::kCancelled, status);
+        active.absorbing_final = false;
+        active.last_output_fed = true;
+        continue;
+      }
+      if (active.absorbing_final) {
+        active.absorbing_final = false;
+        active.last_output_fed = true;
+        continue;
+      }
+      if (active.prefilling()) {
+        active.fed += batch[i].tokens.size();
+        if (metrics_ != nullptr) metrics_->PromptTokens(batch[i].tokens.size());
+        if (!samples[i]) continue;
+      } else {
+        active.last_output_fed = true;
+      }
+      const GeneratedToken token = chosen[i];
+      active.output.push_back(token.id);
+      active.last_output_fed = false;
+      const bool first = active.output.size() == 1;
+      if (first) active.first_token = step_end;
+      if (metrics_ != nullptr) {
+        metrics_->TokenGenerated(first, step_end - (first ? active.arrival : active.last_token));
+      }
+      active.last_token = step_end;
+      const StopConditions& stop = active.spec.stop;
+      if (token.id == engine_->config().eos_token_id && !stop.ignore_eos) {
+        Finish(active, FinishReason::kEos, absl::OkStatus(), {token});
+      } else if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token.id) !=
+                 stop.stop_token_ids.end()) {
+        Finish(active, FinishReason::kStop, absl::OkStatus(), {token});
+      } else if (static_cast<int32_t>(active.output.size()) >= stop.max_new_tokens) {
+        Finish(active, FinishReason::kLength, absl::OkStatus(), {token});
+      } else {
+        active.handle->Push({token});
+      }
+    }
+  }
+
+  // Requests that are done (and, for sessions, have absorbed their last token) leave.
+  for (auto it = running_.begin(); it != running_.end();) {
+    Active& active = **it;
+    const bool done = active.finish && (active.session == nullptr || active.last_output_fed);
+    if (done) {
+      ReleaseActive(active);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+
+  SchedulerStats stats;
+  stats.running = static_cast<int64_t>(running_.size());
+  stats.waiting = static_cast<int64_t>(waiting_.size());
+  for (const auto& [id, session] : sessions_) {
+    if (session->slot >= 0) ++stats.sessions_engine; else ++stats.sessions_host;
+  }
+  int64_t fresh_slots = 0;
+  for (const auto& active : running_) fresh_slots += active->session == nullptr;
+  stats.slots_used = stats.sessions_engine + fresh_slots;
+  stats.host_session_bytes = host_session_bytes_;
+  if (metrics_ != nullptr) {
+    metrics_->SchedulerState(stats, engine_->state_bytes(), engine_->max_sequences());
+  }
+  absl::MutexLock lock(&mutex_);
+  stats_ = stats;
+}
+
+// ---- Sessions ---------------------------------------------------------------------------------
+
+SessionInfo Scheduler::InfoOf(const Session& session) const {
+  SessionInfo info;
+  info.id = session.id;
+  info.tier = session.slot >= 0 ? SessionTier::kEngine : SessionTier::kHost;
+  info.tokens_absorbed = session.slot >= 0 ? *engine_->SequenceLength(session.slot) : session.length;
+  info.last_used = session.last_used;
+  info.busy = session.busy;
+  return info;
+}
+
+absl::StatusOr<std::string> Scheduler::NewSessionId(std::string requested) {
+  if (requested.empty()) {
+    do {
+      requested = absl::StrCat("s-", ++next_session_number_);
+    } while (sessions_.contains(requested));
+    return requested;
+  }
+  if (sessions_.contains(requested)) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: '", requested, "' exists"));
+  }
+  return requested;
+}
+
+absl::StatusOr<SessionInfo> Scheduler::CreateSession(std::string id) {
+  SessionInfo info;
+  TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
+    TTT_ASSIGN_OR_RETURN(std::string new_id, NewSessionId(std::move(id)));
+    TTT_ASSIGN_OR_RETURN(SequenceSlot slot, CreateSlot(nullptr));
+    auto session = std::make_unique<Session>();
+    session->id = new_id;
+    session->slot = slot;
+    session->last_used = absl::Now();
+    info = InfoOf(*session);
+    sessions_[new_id] = std::move(session);
+    return absl::OkStatus();
+  }));
+  return info;
+}
+
+absl::StatusOr<SessionInfo> Scheduler::ForkSession(const std::string& source, std::string id) {
+  SessionInfo info;
+  TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
+    auto found = sessions_.find(source);
+    if (found == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("source_session_id: no session '", source, "'"));
+    }
+    Session& original = *found->second;
+    if (original.busy) {
+      return absl::AbortedError(absl::StrCat("source_session_id: session '", source,
+                                             "' is busy with another request"));
+    }
+    TTT_ASSIGN_OR_RETURN(std::string new_id, NewSessionId(std::move(id)));
+    TTT_RETURN_IF_ERROR(MakeResident(original));
+    TTT_ASSIGN_OR_RETURN(SequenceSlot slot, ForkSlot(original.slot, &original));
+    auto session = std::make_unique<Session>();
+    session->id = new_id;
+    session->slot = slot;
+    session->last_used = original.last_used = absl::Now();
+    info = InfoOf(*session);
+    sessions_[new_id] = std::move(session);
+    return absl::OkStatus();
+  }));
+  return info;
+}
+
+absl::StatusOr<SessionInfo> Scheduler::GetSession(const std::string& id) {
+  SessionInfo info;
+  TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
+    auto found = sessions_.find(id);
+    if (found == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
+    }
+    info = InfoOf(*found->second);
+    return absl::OkStatus();
+  }));
+  return info;
+}
+
+absl::Status Scheduler::DeleteSession(const std::string& id) {
+  return RunOnEngineThread([&]() -> absl::Status {
+    auto found = sessions_.find(id);
+    if (found == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
+    }
+    Session& session = *found->second;
+    if (session.busy) {
+      return absl::AbortedError(
+          absl::StrCat("session_id: session '", id, "' is busy with another request"));
+    }
+    if (session.slot >= 0) TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(session.slot));
+    host_session_bytes_ -= session.saved_state.size();
+    sessions_.erase(found);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::string> Scheduler::ExportSession(const std::string& id,
+                                                     int64_t* tokens_absorbed) {
+  std::string bytes;
+  TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
+    auto found = sessions_.find(id);
+    if (found == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
+    }
+    Session& session = *found->second;
+    if (session.busy) {
+      return absl::AbortedError(
+          absl::StrCat("session_id: session '", id, "' is busy with another request"));
+    }
+    if (session.slot >= 0) {
+      TTT_ASSIGN_OR_RETURN(bytes, engine_->SaveSequence(session.slot));
+      *tokens_absorbed = *engine_->SequenceLength(session.slot);
+    } else {
+      bytes = session.saved_state;
+      *tokens_absorbed = session.length;
+    }
+    return absl::OkStatus();
+  }));
+  return bytes;
+}
+
+absl::StatusOr<SessionInfo> Scheduler::ImportSession(std::string_view state, std::string id) {
+  SessionInfo info;
+  TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
+    TTT_ASSIGN_OR_RETURN(std::string new_id, NewSessionId(std::move(id)));
+    absl::StatusOr<SequenceSlot> slot;
+    while (true) {
+      slot = engine_->RestoreSequence(state);
+      if (slot.ok() || slot.status().code() != absl::StatusCode::kResourceExhausted) break;
+      TTT_RETURN_IF_ERROR(EvictOneIdleSession(nullptr));
+    }
+    if (!slot.ok()) {
+      return absl::Status(slot.status().code(), absl::StrCat("state: ", slot.status().message()));
+    }
+    auto session = std::make_unique<Session>();
+    session->id = new_id;
+    session->slot = *slot;
+    session->last_used = absl::Now();
+    info = InfoOf(*session);
+    sessions_[new_id] = std::move(session);
+    return absl::OkStatus();
+  }));
+  return info;
+}
+
+}  // namespace ttt

@@ -1,0 +1,157 @@
+// ttt-server: serves one TTT model over gRPC, with Prometheus metrics on their own HTTP port.
+//
+//   ttt-server --model DIR [--port 50051] [--metrics-port 9090] [--backend auto|cpu|cuda]
+//
+// SIGTERM or SIGINT drains: health turns NOT_SERVING, new work is refused with UNAVAILABLE,
+// work in progress may finish for --drain-grace-seconds and is then cancelled; exit code 0.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/api/ttt_service.h"
+#include "server/engine/engine_factory.h"
+#include "server/metrics/metrics.h"
+#include "server/scheduler/scheduler.h"
+#include "server/tools/flag_names.h"
+#include "server/util/status_macros.h"
+
+ABSL_FLAG(std::string, model, "", "Model directory (config.json, model.safetensors, tokenizer).");
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: any free port, printed at start).");
+ABSL_FLAG(int32_t, metrics_port, 9090, "Port of the Prometheus /metrics endpoint; -1: none.");
+ABSL_FLAG(std::string, backend, "auto", "auto (CUDA when a GPU is present), cpu or cuda.");
+ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
+ABSL_FLAG(int64_t, max_sequences, 0,
+          "State slots (sequences in the engine at once); 0: as many as the pool holds (CPU: 1024).");
+ABSL_FLAG(double, state_pool_fraction, 0.5, "CUDA: share of free GPU memory for sequence states.");
+ABSL_FLAG(int64_t, max_waiting, 1024, "Waiting requests beyond this get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, prefill_tokens_per_step, 2048, "Prompt tokens processed per engine step.");
+ABSL_FLAG(int64_t, max_host_session_bytes, int64_t{8} << 30,
+          "Host memory for sessions evicted from the engine.");
+ABSL_FLAG(int64_t, max_context_tokens, 0, "Tokens per sequence at most; 0: no limit.");
+ABSL_FLAG(int32_t, default_max_new_tokens, 256, "max_new_tokens when a request gives none.");
+ABSL_FLAG(int32_t, max_message_bytes, 256 << 20, "Largest gRPC message accepted or sent.");
+ABSL_FLAG(double, drain_grace_seconds, 30, "On SIGTERM, how long work in progress may finish.");
+
+namespace ttt {
+namespace {
+
+constexpr char kServiceName[] = "ttt.v1.TttService";
+
+void Log(const std::string& line) { std::fprintf(stderr, "ttt-server: %s\n", line.c_str()); }
+
+absl::Status Run() {
+  // Signals are taken by a waiting thread, not a handler: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) return absl::InvalidArgumentError("--model: a model directory is needed");
+  TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
+                       ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
+
+  // Serve health (NOT_SERVING) and UNAVAILABLE answers while the model loads.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  TttService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_host), ":",
+                                               absl::GetFlag(FLAGS_port)));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  Log(absl::StrCat("listening on port ", port, "; loading ", model_dir));
+
+  TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, LoadModel(model_dir));
+  int64_t max_sequences = absl::GetFlag(FLAGS_max_sequences);
+  TTT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Engine> engine,
+      CreateEngine(model, {.backend = absl::GetFlag(FLAGS_backend),
+                           .precision = precision,
+                           .max_sequences = max_sequences,
+                           .state_pool_fraction = absl::GetFlag(FLAGS_state_pool_fraction)}));
+  if (engine->max_sequences() == 0) {
+    // The CPU engine is bounded by memory alone; a server still needs a bound for admission.
+    constexpr int64_t kCpuDefaultSequences = 1024;
+    TTT_ASSIGN_OR_RETURN(engine, CreateEngine(model, {.backend = "cpu",
+                                                      .max_sequences = kCpuDefaultSequences}));
+  }
+  const std::string backend(engine->backend());
+  Metrics metrics(backend.starts_with("cuda") ? "gpu" : "cpu");
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    exposer = std::make_unique<prometheus::Exposer>(
+        absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_metrics_port)));
+    exposer->RegisterCollectable(metrics.registry());
+  }
+  Scheduler scheduler(std::move(engine),
+                      {.max_waiting = absl::GetFlag(FLAGS_max_waiting),
+                       .prefill_tokens_per_step = absl::GetFlag(FLAGS_prefill_tokens_per_step),
+                       .max_host_session_bytes = absl::GetFlag(FLAGS_max_host_session_bytes),
+                       .max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens),
+                       .default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens)},
+                      &metrics);
+  service.Ready(model, &scheduler, &metrics);
+  health->SetServingStatus(true);
+  Log(absl::StrCat("serving model '", model->name, "' on port ", port, " (", backend, ", ",
+                   scheduler.engine().max_sequences(), " state slots of ",
+                   scheduler.engine().state_bytes(), " bytes)",
+                   exposer ? absl::StrCat("; metrics on port ", absl::GetFlag(FLAGS_metrics_port))
+                           : ""));
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  Log(absl::StrCat("signal ", signal_number, ": draining"));
+  health->SetServingStatus(false);
+  scheduler.Drain();
+  const absl::Time give_up =
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_seconds));
+  while (!scheduler.Idle() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  if (!scheduler.Idle()) {
+    Log("grace period over: cancelling what is left");
+    scheduler.CancelAll();
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  Log("stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ttt
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Serves a TTT model over gRPC.\n  ttt-server --model DIR [--port N]");
+  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (absl::Status status = ttt::Run(); !status.ok()) {
+    std::fprintf(stderr, "ttt-server: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,446 @@
+// The server through a real gRPC channel on loopback: generation, concurrency, sessions, errors,
+// cancellation, deadlines, back-pressure and metrics.
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/engine/cpu_engine.h"
+#include "tests/server/test_server.h"
+#include "tests/test_support.h"
+
+namespace ttt {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Streamed {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::string text;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage;
+  int messages = 0;
+};
+
+Streamed Generate(v1::TttService::Stub& stub, const v1::GenerateRequest& request,
+                  absl::Duration timeout = absl::Seconds(60)) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub.Generate(&context, request);
+  Streamed out;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    ++out.messages;
+    for (const v1::Token& token : response.tokens()) {
+      out.ids.push_back(token.id());
+      out.logprobs.push_back(token.logprob());
+      out.text += token.text();
+    }
+    if (response.has_usage()) {
+      out.finish = response.finish_reason();
+      out.usage = response.usage();
+    }
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+v1::GenerateRequest GreedyRequest(const std::vector<int32_t>& prompt, int32_t max_new_tokens) {
+  v1::GenerateRequest request;
+  request.mutable_token_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_stopping()->set_max_new_tokens(max_new_tokens);
+  request.mutable_stopping()->set_ignore_eos(true);
+  return request;
+}
+
+// Greedy tokens from the engine alone, for comparison.
+std::vector<int32_t> EngineGreedy(std::shared_ptr<const Model> model,
+                                  const std::vector<int32_t>& prompt, int32_t count) {
+  CpuEngine engine(std::move(model));
+  SequenceChunk chunk{*engine.CreateSequence(), prompt};
+  std::vector<int32_t> out;
+  const std::vector<SamplingParams> greedy(1);
+  std::vector<SampledToken> sampled;
+  for (int32_t i = 0; i < count; ++i) {
+    EXPECT_TRUE(engine.ForwardAndSample({&chunk, 1}, greedy, &sampled).ok());
+    out.push_back(sampled[0].id);
+    chunk.tokens = std::span(&out.back(), 1);
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void Start(testing::TestServerOptions options = {}) {
+    if (options.model_dir.empty()) options.model_dir = testing::TestDataPath("golden/tiny-linear-m");
+    server_ = std::make_unique<testing::TestServer>(options);
+    golden_ = testing::LoadGolden("tiny-linear-m");
+  }
+  std::shared_ptr<const Model> model() {
+    return std::shared_ptr<const Model>(std::shared_ptr<const Model>{}, &server_->model());
+  }
+  std::unique_ptr<testing::TestServer> server_;
+  testing::Golden golden_;
+};
+
+TEST_F(ServerTest, StreamedGreedyEqualsTheReference) {
+  Start();
+  for (int64_t b = 0; b < golden_.batch; ++b) {
+    const Streamed out = Generate(server_->stub(), GreedyRequest(golden_.input_ids[b],
+                                                                 golden_.greedy_steps));
+    ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(out.ids, golden_.greedy_ids[b]);
+    EXPECT_EQ(out.finish, v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(out.usage.prompt_tokens(), golden_.length);
+    EXPECT_EQ(out.usage.generated_tokens(), golden_.greedy_steps);
+    EXPECT_GT(out.usage.time_to_first_token_seconds(), 0);
+    EXPECT_GE(out.usage.total_seconds(), out.usage.time_to_first_token_seconds());
+  }
+}
+
+TEST_F(ServerTest, UnaryCompleteEqualsTheStream) {
+  Start();
+  grpc::ClientContext context;
+  v1::CompleteResponse response;
+  ASSERT_TRUE(server_->stub()
+                  .Complete(&context, GreedyRequest(golden_.input_ids[1], golden_.greedy_steps),
+                            &response)
+                  .ok());
+  std::vector<int32_t> ids;
+  for (const v1::Token& token : response.tokens()) ids.push_back(token.id());
+  EXPECT_EQ(ids, golden_.greedy_ids[1]);
+  EXPECT_EQ(response.finish_reason(), v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(ServerTest, SixtyFourConcurrentRequestsEachGetTheirOwnTokens) {
+  Start();
+  constexpr int kRequests = 64;
+  std::vector<std::vector<int32_t>> prompts(kRequests);
+  for (int r = 0; r < kRequests; ++r) {
+    for (int i = 0; i < 5 + r % 23; ++i) prompts[r].push_back((r * 31 + i * 7) % 512);
+  }
+  std::vector<Streamed> results(kRequests);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRequests; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = Generate(server_->stub(), GreedyRequest(prompts[r], 12 + r % 9));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRequests; ++r) {
+    ASSERT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.error_message();
+    EXPECT_EQ(results[r].ids, EngineGreedy(model(), prompts[r], 12 + r % 9)) << "request " << r;
+  }
+}
+
+TEST_F(ServerTest, SessionContinuedInPiecesEqualsOneLongRequest) {
+  Start();
+  grpc::ClientContext create_context;
+  v1::CreateSessionRequest create;
+  create.set_session_id("chat-1");
+  v1::Session session;
+  ASSERT_TRUE(server_->stub().CreateSession(&create_context, create, &session).ok());
+  EXPECT_EQ(session.id(), "chat-1");
+  EXPECT_EQ(session.tokens_absorbed(), 0);
+
+  const std::vector<int32_t> first = {1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 11};
+  const std::vector<int32_t> second = {12, 13, 14, 15, 16};
+  v1::GenerateRequest one = GreedyRequest(first, 9);
+  one.set_session_id("chat-1");
+  const Streamed a = Generate(server_->stub(), one);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  v1::GenerateRequest two = GreedyRequest(second, 7);
+  two.set_session_id("chat-1");
+  const Streamed b = Generate(server_->stub(), two);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(b.usage.prompt_tokens(), int32_t(second.size()));  // Only the new tokens.
+
+  // One request over everything the session saw.
+  std::vector<int32_t> whole = first;
+  whole.insert(whole.end(), a.ids.begin(), a.ids.end());
+  whole.insert(whole.end(), second.begin(), second.end());
+  const Streamed all = Generate(server_->stub(), GreedyRequest(whole, 7));
+  ASSERT_TRUE(all.status.ok());
+  EXPECT_EQ(b.ids, all.ids);
+  for (size_t i = 0; i < b.logprobs.size(); ++i) EXPECT_NEAR(b.logprobs[i], all.logprobs[i], 1e-4);
+
+  grpc::ClientContext get_context;
+  v1::GetSessionRequest get;
+  get.set_session_id("chat-1");
+  ASSERT_TRUE(server_->stub().GetSession(&get_context, get, &session).ok());
+  EXPECT_EQ(session.tokens_absorbed(), int64_t(whole.size() + b.ids.size()));
+  EXPECT_EQ(session.tier(), v1::SESSION_TIER_ENGINE);
+  EXPECT_FALSE(session.busy());
+}
+
+TEST_F(ServerTest, ForkExportAndImportContinueLikeTheOriginal) {
+  Start();
+  auto call = [&](auto method, const auto& request, auto* response) {
+    grpc::ClientContext context;
+    return (server_->stub().*method)(&context, request, response);
+  };
+  v1::CreateSessionRequest create;
+  create.set_session_id("base");
+  v1::Session session;
+  ASSERT_TRUE(call(&v1::TttService::Stub::CreateSession, create, &session).ok());
+  v1::GenerateRequest prime = GreedyRequest({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 6);
+  prime.set_session_id("base");
+  ASSERT_TRUE(Generate(server_->stub(), prime).status.ok());
+
+  v1::ForkSessionRequest fork;
+  fork.set_source_session_id("base");
+  fork.set_session_id("fork");
+  ASSERT_TRUE(call(&v1::TttService::Stub::ForkSession, fork, &session).ok());
+  v1::ExportSessionRequest export_request;
+  export_request.set_session_id("base");
+  v1::ExportSessionResponse exported;
+  ASSERT_TRUE(call(&v1::TttService::Stub::ExportSession, export_request, &exported).ok());
+  EXPECT_EQ(exported.tokens_absorbed(), 25);
+  v1::ImportSessionRequest import;
+  import.set_state(exported.state());
+  import.set_session_id("imported");
+  ASSERT_TRUE(call(&v1::TttService::Stub::ImportSession, import, &session).ok());
+  EXPECT_EQ(session.tokens_absorbed(), 25);
+
+  std::vector<std::vector<int32_t>> continuations;
+  for (const char* id : {"base", "fork", "imported"}) {
+    v1::GenerateRequest next = GreedyRequest({33, 34, 35}, 10);
+    next.set_session_id(id);
+    const Streamed out = Generate(server_->stub(), next);
+    ASSERT_TRUE(out.status.ok()) << id << ": " << out.status.error_message();
+    continuations.push_back(out.ids);
+  }
+  EXPECT_EQ(continuations[1], continuations[0]);
+  EXPECT_EQ(continuations[2], continuations[0]);
+
+  // Another model refuses the state.
+  testing::TestServer other(
+      {.model_dir = testing::TestDataPath("golden/tiny-mlp-m"), .max_sequences = 4, .scheduler = {}});
+  grpc::ClientContext context;
+  const grpc::Status refused = other.stub().ImportSession(&context, import, &session);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(), HasSubstr("tiny-linear-m"));
+
+  v1::DeleteSessionRequest remove;
+  remove.set_session_id("fork");
+  v1::DeleteSessionResponse removed;
+  ASSERT_TRUE(call(&v1::TttService::Stub::DeleteSession, remove, &removed).ok());
+  EXPECT_EQ(call(&v1::TttService::Stub::DeleteSession, remove, &removed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(call(&v1::TttService::Stub::CreateSession, create, &session).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+}
+
+TEST_F(ServerTest, IdleSessionsAreEvictedToHostAndComeBack) {
+  Start({.model_dir = "", .max_sequences = 2, .scheduler = {}});
+  std::vector<std::vector<int32_t>> first_outputs;
+  for (const char* id : {"a", "b", "c"}) {  // Three sessions, two slots.
+    grpc::ClientContext context;
+    v1::CreateSessionRequest create;
+    create.set_session_id(id);
+    v1::Session session;
+    ASSERT_TRUE(server_->stub().CreateSession(&context, create, &session).ok()) << id;
+    v1::GenerateRequest request = GreedyRequest({1, 5, 9, 13}, 5);
+    request.set_session_id(id);
+    const Streamed out = Generate(server_->stub(), request);
+    ASSERT_TRUE(out.status.ok()) << id << ": " << out.status.error_message();
+    first_outputs.push_back(out.ids);
+  }
+  grpc::ClientContext context;
+  v1::GetSessionRequest get;
+  get.set_session_id("a");
+  v1::Session a;
+  ASSERT_TRUE(server_->stub().GetSession(&context, get, &a).ok());
+  EXPECT_EQ(a.tier(), v1::SESSION_TIER_HOST);
+  EXPECT_EQ(a.tokens_absorbed(), 9);
+  v1::GenerateRequest more = GreedyRequest({2, 3}, 4);
+  more.set_session_id("a");
+  const Streamed resumed = Generate(server_->stub(), more);
+  ASSERT_TRUE(resumed.status.ok()) << resumed.status.error_message();
+  std::vector<int32_t> whole = {1, 5, 9, 13};
+  whole.insert(whole.end(), first_outputs[0].begin(), first_outputs[0].end());
+  whole.insert(whole.end(), {2, 3});
+  EXPECT_EQ(resumed.ids, EngineGreedy(model(), whole, 4));
+  EXPECT_EQ(testing::MetricValue(server_->ScrapeMetrics(), "ttt_session_resumes_total"), 1);
+}
+
+TEST_F(ServerTest, SecondRequestOnABusySessionIsAborted) {
+  Start();
+  grpc::ClientContext create_context;
+  v1::CreateSessionRequest create;
+  create.set_session_id("busy");
+  v1::Session session;
+  ASSERT_TRUE(server_->stub().CreateSession(&create_context, create, &session).ok());
+  v1::GenerateRequest long_request = GreedyRequest({1, 2, 3}, 1'000'000);
+  long_request.set_session_id("busy");
+  grpc::ClientContext long_context;
+  auto reader = server_->stub().Generate(&long_context, long_request);
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));  // It is running.
+  v1::GenerateRequest second = GreedyRequest({4}, 3);
+  second.set_session_id("busy");
+  const Streamed refused = Generate(server_->stub(), second);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("session_id"));
+  long_context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(ServerTest, CancellationFreesTheSlot) {
+  Start({.model_dir = "", .max_sequences = 1, .scheduler = {}});
+  grpc::ClientContext context;
+  auto reader = server_->stub().Generate(&context, GreedyRequest({1, 2, 3}, 1'000'000));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The only slot is free again: a new request runs to the end.
+  const Streamed next = Generate(server_->stub(), GreedyRequest({4, 5}, 3), absl::Seconds(10));
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  for (int i = 0; i < 100 && server_->scheduler().Stats().slots_used > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->scheduler().Stats().slots_used, 0);
+}
+
+TEST_F(ServerTest, DeadlinesAreHonouredWhileGeneratingAndWhileQueued) {
+  Start({.model_dir = "", .max_sequences = 1, .scheduler = {}});
+  const Streamed running =
+      Generate(server_->stub(), GreedyRequest({1, 2}, 1'000'000), absl::Milliseconds(300));
+  EXPECT_EQ(running.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  grpc::ClientContext hog_context;
+  auto hog = server_->stub().Generate(&hog_context, GreedyRequest({1, 2}, 1'000'000));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(hog->Read(&response));
+  const Streamed queued = Generate(server_->stub(), GreedyRequest({3}, 2), absl::Milliseconds(300));
+  EXPECT_EQ(queued.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(queued.ids.empty());
+  hog_context.TryCancel();
+  while (hog->Read(&response)) {
+  }
+  hog->Finish();
+}
+
+TEST_F(ServerTest, FullQueueIsResourceExhausted) {
+  Start({.model_dir = "", .max_sequences = 1, .scheduler = {.max_waiting = 1}});
+  grpc::ClientContext hog_context;
+  auto hog = server_->stub().Generate(&hog_context, GreedyRequest({1, 2}, 1'000'000));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(hog->Read(&response));
+  grpc::ClientContext waiting_context;
+  auto waiting = server_->stub().Generate(&waiting_context, GreedyRequest({3}, 2));
+  for (int i = 0; i < 200 && server_->scheduler().Stats().waiting == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const Streamed refused = Generate(server_->stub(), GreedyRequest({4}, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  hog_context.TryCancel();
+  while (hog->Read(&response)) {
+  }
+  hog->Finish();
+  while (waiting->Read(&response)) {
+  }
+  EXPECT_TRUE(waiting->Finish().ok());
+}
+
+TEST_F(ServerTest, InvalidRequestsNameTheField) {
+  Start();
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest& r) { r.clear_token_ids(); }, "prompt"},
+      {[](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(512); }, "token_ids.ids[3]"},
+      {[](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(-4); }, "token_ids.ids[3]"},
+      {[](v1::GenerateRequest& r) { r.set_text("hello"); }, "text"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); },
+       "sampling.temperature"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(0); }, "sampling.top_p"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-1); }, "sampling.top_k"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_min_p(2); }, "sampling.min_p"},
+      {[](v1::GenerateRequest& r) { r.mutable_sampling()->set_repetition_penalty(0); },
+       "sampling.repetition_penalty"},
+      {[](v1::GenerateRequest& r) { r.mutable_stopping()->set_max_new_tokens(-1); },
+       "stopping.max_new_tokens"},
+      {[](v1::GenerateRequest& r) { r.mutable_stopping()->add_stop_token_ids(9999); },
+       "stopping.stop_token_ids[0]"},
+      {[](v1::GenerateRequest& r) { r.mutable_stopping()->add_stop("x"); }, "stopping.stop"},
+      {[](v1::GenerateRequest& r) { r.set_top_logprobs(21); }, "top_logprobs"},
+      {[](v1::GenerateRequest& r) { r.set_session_id("no spaces"); }, "session_id"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest request = GreedyRequest({1, 2, 3}, 2);
+    c.edit(request);
+    const Streamed out = Generate(server_->stub(), request);
+    EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_THAT(out.status.error_message(), HasSubstr(c.field));
+  }
+  v1::GenerateRequest unknown = GreedyRequest({1}, 2);
+  unknown.set_session_id("nobody");
+  EXPECT_EQ(Generate(server_->stub(), unknown).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  // The server is unharmed.
+  EXPECT_TRUE(Generate(server_->stub(), GreedyRequest({1, 2, 3}, 2)).status.ok());
+}
+
+TEST_F(ServerTest, TopLogprobsAreTheModelsDistribution) {
+  Start();
+  v1::GenerateRequest request = GreedyRequest(golden_.input_ids[0], 1);
+  request.set_top_logprobs(5);
+  grpc::ClientContext context;
+  v1::CompleteResponse response;
+  ASSERT_TRUE(server_->stub().Complete(&context, request, &response).ok());
+  ASSERT_EQ(response.tokens_size(), 1);
+  const v1::Token& token = response.tokens(0);
+  ASSERT_EQ(token.top_logprobs_size(), 5);
+  EXPECT_EQ(token.top_logprobs(0).id(), token.id());  // Greedy picks the most likely.
+  EXPECT_NEAR(token.top_logprobs(0).logprob(), token.logprob(), 1e-5);
+  for (int i = 1; i < 5; ++i) {
+    EXPECT_LE(token.top_logprobs(i).logprob(), token.top_logprobs(i - 1).logprob());
+  }
+}
+
+TEST_F(ServerTest, MetricsCountExactlyWhatHappened) {
+  Start();
+  int64_t prompt_tokens = 0, generated = 0;
+  for (int r = 0; r < 5; ++r) {
+    const std::vector<int32_t> prompt(3 + r, 7);
+    const Streamed out = Generate(server_->stub(), GreedyRequest(prompt, 4 + r));
+    ASSERT_TRUE(out.status.ok());
+    prompt_tokens += prompt.size();
+    generated += out.ids.size();
+  }
+  v1::GenerateRequest bad = GreedyRequest({1}, 2);
+  bad.mutable_sampling()->set_top_p(5);
+  EXPECT_FALSE(Generate(server_->stub(), bad).status.ok());
+
+  const std::string text = server_->ScrapeMetrics();
+  using testing::MetricValue;
+  EXPECT_EQ(MetricValue(text, "ttt_prompt_tokens_total"), prompt_tokens);
+  EXPECT_EQ(MetricValue(text, "ttt_generation_tokens_total"), generated);
+  EXPECT_EQ(MetricValue(text, "ttt_request_success_total{finish_reason=\"length\"}"), 5);
+  EXPECT_EQ(MetricValue(text, "ttt_request_errors_total{code=\"INVALID_ARGUMENT\"}"), 1);
+  EXPECT_EQ(MetricValue(text, "ttt_time_to_first_token_seconds_count"), 5);
+  EXPECT_EQ(MetricValue(text, "ttt_inter_token_latency_seconds_count"), generated - 5);
+  EXPECT_EQ(MetricValue(text, "ttt_e2e_request_latency_seconds_count"), 5);
+  EXPECT_GT(MetricValue(text, "ttt_time_to_first_token_seconds_sum"), 0);
+  EXPECT_EQ(MetricValue(text, "ttt_num_requests_running"), 0);
+  EXPECT_EQ(MetricValue(text, "ttt_state_slots{state=\"used\"}"), 0);
+  EXPECT_EQ(MetricValue(text, "ttt_state_slots{state=\"free\"}"), 64);
+  EXPECT_GT(MetricValue(text, "ttt_batch_size_count"), 0);
+}
+
+}  // namespace
+}  // namespace ttt
