@@ -53,7 +53,7 @@ TestServer::TestServer(const TestServerOptions& options) {
 
 TestServer::~TestServer() {
   scheduler_->CancelAll();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   exposer_.reset();
   scheduler_.reset();
 }
