@@ -1,0 +1,164 @@
+#include "client/ttt_client.h"
+
+#include <grpcpp/generic/generic_stub.h>
+
+namespace ttt::client {
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  arguments.SetMaxSendMessageSize(options_.max_message_bytes);
+  channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(),
+                                       arguments);
+  stub_ = v1::TttService::NewStub(channel_);
+}
+
+void Client::Prepare(grpc::ClientContext* context) const {
+  if (options_.timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  }
+  for (const auto& [key, value] : options_.metadata) context->AddMetadata(key, value);
+}
+
+grpc::Status Client::Generate(const v1::GenerateRequest& request,
+                              const std::function<bool(const v1::GenerateResponse&)>& on_response) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub_->Generate(&context, request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (!on_response(response)) {
+      context.TryCancel();
+      while (reader->Read(&response)) {
+      }
+      break;
+    }
+  }
+  return reader->Finish();
+}
+
+grpc::Status Client::Complete(const v1::GenerateRequest& request, v1::CompleteResponse* response) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  return stub_->Complete(&context, request, response);
+}
+
+grpc::Status Client::CreateSession(const std::string& id, v1::Session* session) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::CreateSessionRequest request;
+  request.set_session_id(id);
+  return stub_->CreateSession(&context, request, session);
+}
+
+grpc::Status Client::ForkSession(const std::string& source, const std::string& id,
+                                 v1::Session* session) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::ForkSessionRequest request;
+  request.set_source_session_id(source);
+  request.set_session_id(id);
+  return stub_->ForkSession(&context, request, session);
+}
+
+grpc::Status Client::GetSession(const std::string& id, v1::Session* session) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::GetSessionRequest request;
+  request.set_session_id(id);
+  return stub_->GetSession(&context, request, session);
+}
+
+grpc::Status Client::DeleteSession(const std::string& id) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::DeleteSessionRequest request;
+  request.set_session_id(id);
+  v1::DeleteSessionResponse response;
+  return stub_->DeleteSession(&context, request, &response);
+}
+
+grpc::Status Client::ExportSession(const std::string& id, v1::ExportSessionResponse* response) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::ExportSessionRequest request;
+  request.set_session_id(id);
+  return stub_->ExportSession(&context, request, response);
+}
+
+grpc::Status Client::ImportSession(const std::string& state, const std::string& id,
+                                   v1::Session* session) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::ImportSessionRequest request;
+  request.set_state(state);
+  request.set_session_id(id);
+  return stub_->ImportSession(&context, request, session);
+}
+
+grpc::Status Client::Tokenize(const std::string& text, bool add_bos, std::vector<int32_t>* ids) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::TokenizeRequest request;
+  request.set_text(text);
+  request.set_add_bos(add_bos);
+  v1::TokenizeResponse response;
+  grpc::Status status = stub_->Tokenize(&context, request, &response);
+  ids->assign(response.ids().begin(), response.ids().end());
+  return status;
+}
+
+grpc::Status Client::Detokenize(const std::vector<int32_t>& ids, std::string* text) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  v1::DetokenizeRequest request;
+  request.mutable_ids()->Add(ids.begin(), ids.end());
+  v1::DetokenizeResponse response;
+  grpc::Status status = stub_->Detokenize(&context, request, &response);
+  *text = response.text();
+  return status;
+}
+
+grpc::Status Client::GetModelInfo(v1::ModelInfo* info) {
+  grpc::ClientContext context;
+  Prepare(&context);
+  return stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), info);
+}
+
+grpc::Status Client::Health(ServingStatus* serving) {
+  // grpc.health.v1.Health/Check by hand: the request (service "") is empty; the response's field 1
+  // is the status enum (1 SERVING, 2 NOT_SERVING).
+  grpc::GenericStub stub(channel_);
+  grpc::ClientContext context;
+  Prepare(&context);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::CompletionQueue queue;
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &queue);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, nullptr);
+  void* tag;
+  bool ok;
+  queue.Next(&tag, &ok);
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
+  *serving = ServingStatus::kUnknown;
+  if (!status.ok()) return status;
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (bytes.size() == 2 && bytes[0] == 0x08) {
+    *serving = bytes[1] == 1 ? ServingStatus::kServing : ServingStatus::kNotServing;
+  } else if (bytes.empty()) {
+    *serving = ServingStatus::kNotServing;  // Status 0 (UNKNOWN) encodes as nothing.
+  }
+  return status;
+}
+
+}  // namespace ttt::client
