@@ -47,7 +47,8 @@ TestServer::TestServer(const TestServerOptions& options) {
   metrics_port_ = FreePort();
   exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("127.0.0.1:", metrics_port_));
   exposer_->RegisterCollectable(metrics_->registry());
-  channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  target_ = absl::StrCat("127.0.0.1:", port);
+  channel_ = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
   stub_ = v1::TttService::NewStub(channel_);
 }
 

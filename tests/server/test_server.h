@@ -30,6 +30,8 @@ class TestServer {
   const Model& model() const { return *model_; }
   Scheduler& scheduler() { return *scheduler_; }
   int metrics_port() const { return metrics_port_; }
+  // "127.0.0.1:PORT" of the gRPC server.
+  const std::string& target() const { return target_; }
   // GET /metrics.
   std::string ScrapeMetrics();
 
@@ -41,6 +43,7 @@ class TestServer {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int metrics_port_ = 0;
+  std::string target_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::TttService::Stub> stub_;
 };
