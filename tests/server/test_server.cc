@@ -5,13 +5,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "server/engine/cpu_engine.h"
+#include "server/engine/engine_factory.h"
 
 namespace ttt::testing {
 
@@ -33,9 +35,13 @@ TestServer::TestServer(const TestServerOptions& options) {
   EXPECT_TRUE(model.ok()) << model.status();
   model_ = *model;
   metrics_ = std::make_unique<Metrics>("cpu");
-  scheduler_ = std::make_unique<Scheduler>(
-      std::make_unique<CpuEngine>(model_, CpuEngineOptions{options.max_sequences}),
-      options.scheduler, metrics_.get());
+  // TTT_TEST_BACKEND=cuda runs the same suite on the GPU (float32 weights, to compare exactly).
+  const char* backend = std::getenv("TTT_TEST_BACKEND");
+  auto engine = CreateEngine(model_, {.backend = backend != nullptr ? backend : "cpu",
+                                      .precision = WeightPrecision::kFloat32,
+                                      .max_sequences = options.max_sequences});
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  scheduler_ = std::make_unique<Scheduler>(*std::move(engine), options.scheduler, metrics_.get());
   service_.Ready(model_, scheduler_.get(), metrics_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
