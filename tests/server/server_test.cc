@@ -395,6 +395,55 @@ TEST_F(ServerTest, InvalidRequestsNameTheField) {
   EXPECT_TRUE(Generate(server_->stub(), GreedyRequest({1, 2, 3}, 2)).status.ok());
 }
 
+// A copy of tiny-linear-m that declares the byte tokenizer, so prompts and output are text.
+std::string ByteTokenizerModel() {
+  const std::string dir = testing::ScratchDir();
+  const std::string source = testing::TestDataPath("golden/tiny-linear-m");
+  std::filesystem::copy_file(source + "/model.safetensors", dir + "/model.safetensors");
+  auto config = LoadModelConfig(source);
+  EXPECT_TRUE(config.ok());
+  config->byte_token_offset = 3;
+  std::ofstream(dir + "/config.json") << config->ToJson();
+  return dir;
+}
+
+// Splits UTF-8 text into characters.
+std::vector<std::string> Characters(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char lead = text[i];
+    const size_t n = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    out.push_back(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+TEST_F(ServerTest, TextStreamsAsValidUtf8AndStopsAtStopStrings) {
+  Start({.model_dir = ByteTokenizerModel(), .max_sequences = 8, .scheduler = {}});
+  v1::GenerateRequest request;
+  request.set_text("Once upon a time");
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_stopping()->set_max_new_tokens(60);
+  request.mutable_stopping()->set_ignore_eos(true);
+  const Streamed free_run = Generate(server_->stub(), request);
+  ASSERT_TRUE(free_run.status.ok()) << free_run.status.error_message();
+  EXPECT_EQ(free_run.usage.prompt_tokens(), 17);  // BOS + 16 bytes.
+  std::string copy = free_run.text;
+  EXPECT_EQ(TakeCompleteUtf8(&copy, /*final=*/true), free_run.text) << "not valid UTF-8";
+  const std::vector<std::string> chars = Characters(free_run.text);
+  ASSERT_GT(chars.size(), 12u);
+
+  // Stop at a two-character string from the middle: the text ends just before its first match.
+  const std::string stop = chars[8] + chars[9];
+  request.mutable_stopping()->add_stop(stop);
+  const Streamed stopped = Generate(server_->stub(), request);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status.error_message();
+  EXPECT_EQ(stopped.finish, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.text, free_run.text.substr(0, free_run.text.find(stop)));
+  EXPECT_LT(stopped.ids.size(), free_run.ids.size());
+}
+
 TEST_F(ServerTest, TopLogprobsAreTheModelsDistribution) {
   Start();
   v1::GenerateRequest request = GreedyRequest(golden_.input_ids[0], 1);
