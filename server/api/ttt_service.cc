@@ -229,6 +229,7 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
   std::vector<std::string> stops(request.stopping().stop().begin(), request.stopping().stop().end());
   TextStream text(model.tokenizer.get(), std::move(stops));
   bool client_gone = false;
+  int32_t tokens_sent = 0;
   while (true) {
     GenerationUpdate update;
     if (!(*handle)->Next(kPollInterval, &update)) {
@@ -242,6 +243,7 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
     for (const GeneratedToken& token : update.tokens) {
       if (text.stopped()) break;
       v1::Token* out = response.add_tokens();
+      ++tokens_sent;
       out->set_id(token.id);
       out->set_logprob(token.logprob);
       out->set_text(text.Push(token.id));
@@ -263,10 +265,13 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
       if (!rest.empty() && response.tokens_size() > 0) {
         response.mutable_tokens(response.tokens_size() - 1)->mutable_text()->append(rest);
       }
-      response.set_finish_reason(ToProto(update.finish_reason));
+      // Stop strings are found here, after the scheduler may already have gone on (or ended for
+      // another reason): what the client saw decides.
+      response.set_finish_reason(text.stopped() ? v1::FINISH_REASON_STOP
+                                                : ToProto(update.finish_reason));
       v1::Usage* usage = response.mutable_usage();
       usage->set_prompt_tokens(update.times.prompt_tokens);
-      usage->set_generated_tokens(update.times.generated_tokens);
+      usage->set_generated_tokens(tokens_sent);
       usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
       usage->set_time_to_first_token_seconds(absl::ToDoubleSeconds(update.times.time_to_first_token));
       usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));

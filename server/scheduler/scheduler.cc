@@ -73,6 +73,9 @@ struct Scheduler::Active {
   bool last_output_fed = true;    // Whether the state has absorbed output.back().
   bool absorbing_final = false;   // Finished; one last chunk feeds the final token to a session.
   std::optional<FinishReason> finish;
+  // A session request's end waits until the session has absorbed its last token, so that a
+  // client continuing the session right after the end never finds it busy.
+  std::function<void()> deliver_finish;
   absl::Time arrival, first_step, first_token, last_token;
 
   bool prefilling() const { return fed < spec.prompt.size(); }
@@ -194,11 +197,21 @@ void Scheduler::Finish(Active& active, FinishReason reason, absl::Status status,
       active.first_token == absl::Time() ? absl::ZeroDuration() : active.first_token - active.arrival;
   times.total = now - active.arrival;
   if (metrics_ != nullptr) metrics_->RequestFinished(reason, status, times);
-  active.handle->Finish(std::move(last_tokens), reason, std::move(status), times);
   active.finish = reason;
+  const bool absorb_first = active.session != nullptr && !active.last_output_fed && status.ok();
+  auto deliver = [handle = active.handle, tokens = std::move(last_tokens), reason,
+                  status = std::move(status), times]() mutable {
+    handle->Finish(std::move(tokens), reason, std::move(status), times);
+  };
+  if (absorb_first) {
+    active.deliver_finish = std::move(deliver);
+  } else {
+    deliver();
+  }
 }
 
 void Scheduler::ReleaseActive(Active& active) {
+  if (active.deliver_finish) std::exchange(active.deliver_finish, nullptr)();
   if (active.session != nullptr) {
     active.session->busy = false;
     active.session->last_used = absl::Now();

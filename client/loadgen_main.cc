@@ -1,0 +1,301 @@
+// ttt-loadgen: load for a ttt server, measured from outside.
+//
+//   ttt-loadgen --server HOST:PORT --concurrency 64 --duration 30
+//   ttt-loadgen --rate 20 --requests 500 --prompt-tokens uniform:16:256 --output-tokens fixed:128
+//
+// Closed loop (--concurrency N streams, each starting a new request when its last one ends) or
+// open loop (--rate R requests/s, Poisson arrivals). Prompts are random token ids; a share of the
+// requests (--session-share) continue their stream's session instead of starting fresh. Prints a
+// progress line while it runs, then a table and one JSON object (also to --json-out).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/ttt_client.h"
+#include "server/tools/flag_names.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "The server's gRPC address.");
+ABSL_FLAG(int32_t, concurrency, 16, "Closed loop: this many concurrent streams.");
+ABSL_FLAG(double, rate, 0, "Open loop: requests per second (Poisson); overrides --concurrency.");
+ABSL_FLAG(double, duration, 0, "Seconds to run (0: until --requests are done).");
+ABSL_FLAG(int64_t, requests, 0, "Requests to send (0: until --duration is over).");
+ABSL_FLAG(std::string, prompt_tokens, "fixed:64", "fixed:N or uniform:MIN:MAX.");
+ABSL_FLAG(std::string, output_tokens, "fixed:64", "fixed:N or uniform:MIN:MAX.");
+ABSL_FLAG(double, session_share, 0, "Share of requests that continue their stream's session.");
+ABSL_FLAG(float, temperature, 1.0f, "Sampling temperature of every request.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of prompts and arrivals (each request's sampling seed too).");
+ABSL_FLAG(std::string, json_out, "", "Also write the JSON summary here.");
+ABSL_FLAG(bool, progress, true, "Print a progress line every second to stderr.");
+
+namespace ttt::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct LengthDistribution {
+  int64_t min = 0, max = 0;
+  int64_t Draw(std::mt19937_64& rng) const {
+    return std::uniform_int_distribution<int64_t>(min, max)(rng);
+  }
+  std::string Describe() const {
+    return min == max ? absl::StrCat("fixed:", min) : absl::StrCat("uniform:", min, ":", max);
+  }
+};
+
+bool ParseLengths(const std::string& text, LengthDistribution* out) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() == 2 && parts[0] == "fixed" && absl::SimpleAtoi(parts[1], &out->min)) {
+    out->max = out->min;
+    return out->min > 0;
+  }
+  return parts.size() == 3 && parts[0] == "uniform" && absl::SimpleAtoi(parts[1], &out->min) &&
+         absl::SimpleAtoi(parts[2], &out->max) && out->min > 0 && out->max >= out->min;
+}
+
+struct Stats {
+  std::mutex mutex;
+  std::vector<double> ttft, itl;  // Seconds.
+  std::map<std::string, int64_t> errors;
+  int64_t completed = 0, generated_tokens = 0, prompt_tokens = 0, session_requests = 0;
+};
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[std::min(values.size() - 1, static_cast<size_t>(p * values.size()))];
+}
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+class LoadGenerator {
+ public:
+  LoadGenerator(Client& client, int64_t vocab, LengthDistribution prompts,
+                LengthDistribution outputs)
+      : client_(client), vocab_(vocab), prompts_(prompts), outputs_(outputs) {}
+
+  // One request; `session` empty for a fresh sequence.
+  void RunOne(std::mt19937_64& rng, const std::string& session) {
+    v1::GenerateRequest request;
+    const int64_t prompt_length = prompts_.Draw(rng);
+    std::uniform_int_distribution<int32_t> token(3, static_cast<int32_t>(vocab_ - 1));
+    for (int64_t i = 0; i < prompt_length; ++i) request.mutable_token_ids()->add_ids(token(rng));
+    request.set_session_id(session);
+    request.mutable_sampling()->set_temperature(absl::GetFlag(FLAGS_temperature));
+    request.mutable_sampling()->set_seed(rng());
+    request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(outputs_.Draw(rng)));
+    request.mutable_stopping()->set_ignore_eos(true);
+
+    const Clock::time_point start = Clock::now();
+    Clock::time_point last = start;
+    bool first = true;
+    std::vector<double> ttft, itl;
+    int64_t tokens = 0;
+    const grpc::Status status = client_.Generate(request, [&](const v1::GenerateResponse& r) {
+      const Clock::time_point now = Clock::now();
+      const int n = r.tokens_size();
+      if (n > 0) {
+        if (first) {
+          ttft.push_back(std::chrono::duration<double>(now - start).count());
+          for (int i = 1; i < n; ++i) itl.push_back(0);
+          first = false;
+        } else {
+          const double gap = std::chrono::duration<double>(now - last).count() / n;
+          for (int i = 0; i < n; ++i) itl.push_back(gap);
+        }
+        last = now;
+        tokens += n;
+      }
+      return true;
+    });
+    std::lock_guard<std::mutex> lock(stats_.mutex);
+    stats_.generated_tokens += tokens;
+    if (status.ok()) {
+      ++stats_.completed;
+      stats_.prompt_tokens += prompt_length;
+      stats_.session_requests += !session.empty();
+      stats_.ttft.insert(stats_.ttft.end(), ttft.begin(), ttft.end());
+      stats_.itl.insert(stats_.itl.end(), itl.begin(), itl.end());
+    } else {
+      ++stats_.errors[CodeName(status.error_code())];
+    }
+  }
+
+  Stats& stats() { return stats_; }
+
+ private:
+  Client& client_;
+  const int64_t vocab_;
+  const LengthDistribution prompts_, outputs_;
+  Stats stats_;
+};
+
+int Run() {
+  LengthDistribution prompts, outputs;
+  if (!ParseLengths(absl::GetFlag(FLAGS_prompt_tokens), &prompts) ||
+      !ParseLengths(absl::GetFlag(FLAGS_output_tokens), &outputs)) {
+    std::fprintf(stderr, "ttt-loadgen: --prompt-tokens / --output-tokens: fixed:N or uniform:MIN:MAX\n");
+    return 2;
+  }
+  const double duration = absl::GetFlag(FLAGS_duration);
+  const int64_t max_requests = absl::GetFlag(FLAGS_requests);
+  if (duration <= 0 && max_requests <= 0) {
+    std::fprintf(stderr, "ttt-loadgen: give --duration or --requests\n");
+    return 2;
+  }
+  ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_server);
+  Client client(options);
+  v1::ModelInfo info;
+  if (grpc::Status status = client.GetModelInfo(&info); !status.ok()) {
+    std::fprintf(stderr, "ttt-loadgen: %s: %s\n", CodeName(status.error_code()).c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+  LoadGenerator generator(client, info.vocab_size(), prompts, outputs);
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point end =
+      duration > 0 ? start + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(duration))
+                   : Clock::time_point::max();
+  std::atomic<int64_t> issued{0};
+  auto take_ticket = [&] {
+    if (Clock::now() >= end) return false;
+    return max_requests <= 0 || issued.fetch_add(1) < max_requests;
+  };
+  const double session_share = absl::GetFlag(FLAGS_session_share);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+
+  std::atomic<bool> done{false};
+  std::thread progress([&] {
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      static Clock::time_point last_print = start;
+      if (!absl::GetFlag(FLAGS_progress) || Clock::now() - last_print < std::chrono::seconds(1)) continue;
+      last_print = Clock::now();
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      std::lock_guard<std::mutex> lock(generator.stats().mutex);
+      int64_t errors = 0;
+      for (const auto& [code, n] : generator.stats().errors) errors += n;
+      std::fprintf(stderr, "[%6.1f s] %lld done, %lld errors, %.0f generated tokens/s\n", elapsed,
+                   static_cast<long long>(generator.stats().completed),
+                   static_cast<long long>(errors), generator.stats().generated_tokens / elapsed);
+    }
+  });
+
+  std::vector<std::thread> workers;
+  const double rate = absl::GetFlag(FLAGS_rate);
+  if (rate > 0) {
+    std::mt19937_64 rng(seed);
+    std::exponential_distribution<double> gap(rate);
+    Clock::time_point next = start;
+    while (take_ticket()) {
+      std::this_thread::sleep_until(next);
+      const uint64_t request_seed = rng();
+      workers.emplace_back([&, request_seed] {
+        std::mt19937_64 request_rng(request_seed);
+        generator.RunOne(request_rng, "");
+      });
+      next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
+    }
+  } else {
+    for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
+      workers.emplace_back([&, w] {
+        std::mt19937_64 rng(seed * 7919 + w);
+        std::bernoulli_distribution continue_session(session_share);
+        std::string session;
+        if (session_share > 0) {
+          v1::Session created;
+          if (client.CreateSession("", &created).ok()) session = created.id();
+        }
+        while (take_ticket()) {
+          generator.RunOne(rng, !session.empty() && continue_session(rng) ? session : "");
+        }
+        if (!session.empty()) client.DeleteSession(session);
+      });
+    }
+  }
+  for (std::thread& t : workers) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  done = true;
+  progress.join();
+
+  Stats& s = generator.stats();
+  int64_t errors = 0;
+  for (const auto& [code, n] : s.errors) errors += n;
+  nlohmann::json summary = {
+      {"server", absl::GetFlag(FLAGS_server)},
+      {"model", info.name()},
+      {"backend", info.backend()},
+      {"mode", rate > 0 ? "rate" : "concurrency"},
+      {"concurrency", rate > 0 ? 0 : absl::GetFlag(FLAGS_concurrency)},
+      {"rate", rate},
+      {"prompt_tokens", prompts.Describe()},
+      {"output_tokens", outputs.Describe()},
+      {"session_share", session_share},
+      {"duration_s", elapsed},
+      {"requests_completed", s.completed},
+      {"requests_continuing_sessions", s.session_requests},
+      {"requests_per_s", s.completed / elapsed},
+      {"prompt_tokens_total", s.prompt_tokens},
+      {"generated_tokens", s.generated_tokens},
+      {"generated_tokens_per_s", s.generated_tokens / elapsed},
+      {"ttft_ms", {{"p50", 1e3 * Percentile(s.ttft, 0.5)}, {"p90", 1e3 * Percentile(s.ttft, 0.9)},
+                   {"p99", 1e3 * Percentile(s.ttft, 0.99)}}},
+      {"itl_ms", {{"p50", 1e3 * Percentile(s.itl, 0.5)}, {"p90", 1e3 * Percentile(s.itl, 0.9)},
+                  {"p99", 1e3 * Percentile(s.itl, 0.99)}}},
+      {"errors", s.errors},
+  };
+  std::printf("requests     %lld completed, %lld errors, %.2f /s\n",
+              static_cast<long long>(s.completed), static_cast<long long>(errors),
+              s.completed / elapsed);
+  std::printf("tokens       %lld generated, %.1f /s\n", static_cast<long long>(s.generated_tokens),
+              s.generated_tokens / elapsed);
+  std::printf("ttft (ms)    p50 %.2f  p90 %.2f  p99 %.2f\n", 1e3 * Percentile(s.ttft, 0.5),
+              1e3 * Percentile(s.ttft, 0.9), 1e3 * Percentile(s.ttft, 0.99));
+  std::printf("itl (ms)     p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(s.itl, 0.5),
+              1e3 * Percentile(s.itl, 0.9), 1e3 * Percentile(s.itl, 0.99));
+  for (const auto& [code, n] : s.errors) std::printf("error        %s: %lld\n", code.c_str(), static_cast<long long>(n));
+  std::printf("%s\n", summary.dump().c_str());
+  if (!absl::GetFlag(FLAGS_json_out).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_json_out)) << summary.dump(2) << "\n";
+  }
+  return errors > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace ttt::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Load for a ttt server.\n"
+      "  ttt-loadgen --server HOST:PORT (--concurrency N | --rate R) (--duration S | --requests N)");
+  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  return ttt::client::Run();
+}
