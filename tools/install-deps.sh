@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in deploy/debian-packages.txt (needs root or sudo).
+# Installs the Debian packages listed in deploy/debian-packages.txt (needs root or sudo), and npm
+# when no npm is on the PATH (a Node.js from elsewhere usually brings its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=$(grep -v '^\s*#' deploy/debian-packages.txt | grep -v '^\s*$')
@@ -9,6 +10,7 @@ missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+command -v npm >/dev/null || missing="$missing npm"
 if [ -n "$missing" ]; then
   echo "install-deps: installing$missing"
   $sudo_cmd apt-get update -qq
