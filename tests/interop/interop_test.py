@@ -112,6 +112,11 @@ def main():
               "the session absorbed every token")
         check(bad["code"] == 3 and "sampling.top_p" in bad["message"],
               f"a bad request is INVALID_ARGUMENT naming the field ({bad.get('message')})")
+        if args.lang == "python":
+            (reflection,) = run_steps(server.target, [{"call": "Reflection"}])
+            check(reflection["code"] == 0 and
+                  reflection["response"]["services"] == ["ttt.v1.TttService", "grpc.health.v1.Health"],
+                  "server reflection lists ttt.v1.TttService and grpc.health.v1.Health")
     return 0
 
 

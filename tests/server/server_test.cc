@@ -1,5 +1,6 @@
 // The server through a real gRPC channel on loopback: generation, concurrency, sessions, errors,
 // cancellation, deadlines, back-pressure and metrics.
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -353,6 +354,60 @@ TEST_F(ServerTest, FullQueueIsResourceExhausted) {
   while (waiting->Read(&response)) {
   }
   EXPECT_TRUE(waiting->Finish().ok());
+}
+
+TEST_F(ServerTest, NoSlotAndNothingEvictableIsResourceExhausted) {
+  Start({.model_dir = "", .max_sequences = 1, .scheduler = {}});
+  grpc::ClientContext create_context;
+  v1::CreateSessionRequest create;
+  create.set_session_id("holder");
+  v1::Session session;
+  ASSERT_TRUE(server_->stub().CreateSession(&create_context, create, &session).ok());
+  // The only slot belongs to a session that is busy generating: nothing can be evicted.
+  v1::GenerateRequest busy = GreedyRequest({1, 2}, 1'000'000);
+  busy.set_session_id("holder");
+  grpc::ClientContext busy_context;
+  auto reader = server_->stub().Generate(&busy_context, busy);
+  v1::GenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  grpc::ClientContext second_context;
+  create.set_session_id("second");
+  const grpc::Status refused = server_->stub().CreateSession(&second_context, create, &session);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("no idle session to evict"));
+  busy_context.TryCancel();
+  while (reader->Read(&response)) {
+  }
+  reader->Finish();
+}
+
+TEST_F(ServerTest, ALongPromptDoesNotStallRunningStreams) {
+  Start({.model_dir = "", .max_sequences = 8, .scheduler = {.prefill_tokens_per_step = 64}});
+  // A stream is running; a 20,000-token prompt arrives; the stream keeps getting tokens while
+  // the prompt is processed in chunks of 64.
+  grpc::ClientContext stream_context;
+  auto stream = server_->stub().Generate(&stream_context, GreedyRequest({1, 2, 3}, 1'000'000));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<int32_t> long_prompt(20'000);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = 3 + i % 500;
+  std::atomic<bool> long_done{false};
+  Streamed long_result;
+  std::thread long_request([&] {
+    long_result = Generate(server_->stub(), GreedyRequest(long_prompt, 1));
+    long_done = true;
+  });
+  int tokens_while_prefilling = 0;
+  while (!long_done && stream->Read(&response)) tokens_while_prefilling += response.tokens_size();
+  long_request.join();
+  ASSERT_TRUE(long_result.status.ok()) << long_result.status.error_message();
+  EXPECT_EQ(long_result.usage.prompt_tokens(), 20'000);
+  // 20,000 tokens in chunks of 64 take over 300 steps; the stream got a token in each.
+  EXPECT_GT(tokens_while_prefilling, 250);
+  stream_context.TryCancel();
+  while (stream->Read(&response)) {
+  }
+  stream->Finish();
 }
 
 TEST_F(ServerTest, InvalidRequestsNameTheField) {
