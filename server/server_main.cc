@@ -25,10 +25,12 @@
 #include "server/engine/engine_factory.h"
 #include "server/metrics/metrics.h"
 #include "server/scheduler/scheduler.h"
+#include "server/tools/default_model.h"
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (config.json, model.safetensors, tokenizer).");
+ABSL_FLAG(std::string, model, "",
+          "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: any free port, printed at start).");
 ABSL_FLAG(int32_t, metrics_port, 9090, "Port of the Prometheus /metrics endpoint; -1: none.");
@@ -61,8 +63,8 @@ absl::Status Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::string model_dir = absl::GetFlag(FLAGS_model);
-  if (model_dir.empty()) return absl::InvalidArgumentError("--model: a model directory is needed");
+  std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) model_dir = DefaultModelDir();
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
 

@@ -3,6 +3,9 @@
 //   ttt-generate --model DIR --prompt "Once upon a time" --max-new-tokens 64
 //   ttt-generate --model DIR --prompt-ids 5,17,9 --logits-out logits.safetensors --chunk 1
 #include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -18,10 +21,12 @@
 #include "server/engine/sampler.h"
 #include "server/model/model.h"
 #include "server/model/safetensors.h"
+#include "server/tools/default_model.h"
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
 
-ABSL_FLAG(std::string, model, "", "Model directory (config.json, model.safetensors, tokenizer).");
+ABSL_FLAG(std::string, model, "",
+          "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (needs a tokenizer).");
 ABSL_FLAG(std::string, prompt_ids, "", "Prompt as token ids, comma separated, fed as they are.");
 ABSL_FLAG(bool, add_bos, true, "Start a text prompt with the BOS token.");
@@ -38,6 +43,10 @@ ABSL_FLAG(std::string, logits_out, "",
           "Write the F32 logits of every prompt position here, as safetensors tensor 'logits' [T, V].");
 ABSL_FLAG(bool, print_ids, false, "Print the generated token ids instead of text.");
 ABSL_FLAG(std::string, backend, "cpu", "cpu, cuda or auto (cuda when a GPU is present).");
+ABSL_FLAG(std::string, eval_text, "",
+          "Instead of generating: the model's bits per byte on this text file, scored in windows "
+          "of --eval-window tokens, each after BOS on a fresh state. Prints JSON.");
+ABSL_FLAG(int32_t, eval_window, 1024, "Tokens per --eval-text window.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 
 namespace ttt {
@@ -77,14 +86,63 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Model& model) {
   return tokens;
 }
 
+// Bits per byte of `path`'s text: the mean negative log2-likelihood of every token of each
+// window (BOS first, fresh state), over the bytes those tokens stand for. A trailing partial
+// window is left out, as the training program does.
+absl::Status EvaluateText(Engine& engine, const Model& model, const std::string& path) {
+  if (model.tokenizer == nullptr) return absl::InvalidArgumentError("--eval-text: the model has no tokenizer");
+  const int32_t window = absl::GetFlag(FLAGS_eval_window);
+  if (window < 1) return absl::InvalidArgumentError("--eval-window: must be >= 1");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--eval-text: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  TTT_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model.tokenizer->Encode(text.str()));
+  const int64_t V = model.config.vocab_size;
+  const int32_t bos = static_cast<int32_t>(model.config.bos_token_id);
+  double nats = 0;
+  int64_t bytes = 0, windows = 0;
+  std::vector<float> logits;
+  for (size_t at = 0; at + window <= ids.size(); at += window, ++windows) {
+    std::vector<int32_t> tokens = {bos};
+    tokens.insert(tokens.end(), ids.begin() + at, ids.begin() + at + window);
+    TTT_ASSIGN_OR_RETURN(SequenceSlot slot, engine.CreateSequence());
+    const SequenceChunk chunk{slot, std::span(tokens).first(window)};  // Predicts tokens[1..].
+    TTT_RETURN_IF_ERROR(engine.Forward({&chunk, 1}, LogitsFor::kEveryToken, &logits));
+    TTT_RETURN_IF_ERROR(engine.ReleaseSequence(slot));
+    for (int32_t i = 0; i < window; ++i) {
+      std::span<const float> row = std::span(logits).subspan(int64_t{i} * V, V);
+      const float max = *std::max_element(row.begin(), row.end());
+      double sum = 0;
+      for (float v : row) sum += std::exp(double(v) - max);
+      nats += std::log(sum) + max - row[tokens[i + 1]];
+      bytes += static_cast<int64_t>(model.tokenizer->TokenBytes(tokens[i + 1]).size());
+    }
+  }
+  if (windows == 0) return absl::InvalidArgumentError("--eval-text: shorter than one window");
+  std::printf("{\"bits_per_byte\": %.6f, \"windows\": %lld, \"window_tokens\": %d, \"bytes\": %lld}\n",
+              nats / std::log(2.0) / bytes, static_cast<long long>(windows), window,
+              static_cast<long long>(bytes));
+  return absl::OkStatus();
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 absl::Status Run() {
-  const std::string model_dir = absl::GetFlag(FLAGS_model);
-  if (model_dir.empty()) return absl::InvalidArgumentError("--model: a model directory is needed");
+  std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) model_dir = DefaultModelDir();
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, LoadModel(model_dir));
+  if (!absl::GetFlag(FLAGS_eval_text).empty()) {
+    TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
+                         ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
+    TTT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                         CreateEngine(model, {.backend = absl::GetFlag(FLAGS_backend),
+                                              .precision = precision,
+                                              .max_sequences = 1}));
+    return EvaluateText(*engine, *model, absl::GetFlag(FLAGS_eval_text));
+  }
   TTT_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(*model));
   const SamplingParams sampling{.temperature = absl::GetFlag(FLAGS_temperature),
                                 .top_k = absl::GetFlag(FLAGS_top_k),
