@@ -119,8 +119,7 @@ void Metrics::TokenGenerated(bool first, absl::Duration since_previous) {
       ->Observe(absl::ToDoubleSeconds(since_previous));
 }
 
-void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, int64_t /*decode_rows*/,
-                           absl::Duration duration) {
+void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration) {
   batch_size_->Observe(static_cast<double>(batch_rows));
   step_duration_->Add({{"phase", prefill_tokens > 0 ? "prefill" : "decode"}}, kStepBuckets)
       .Observe(absl::ToDoubleSeconds(duration));

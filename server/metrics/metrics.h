@@ -37,9 +37,8 @@ class Metrics {
   // A generated token; `since_previous` is the time since the request's previous token (or, for
   // the first, since its arrival).
   void TokenGenerated(bool first, absl::Duration since_previous);
-  // One engine step: rows in the batch, prefill tokens in it, decode rows, time taken.
-  void StepFinished(int64_t batch_rows, int64_t prefill_tokens, int64_t decode_rows,
-                    absl::Duration duration);
+  // One engine step: rows in the batch, prompt tokens in it, time taken.
+  void StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration);
   void SessionResumedFromHost();
   void SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
                       int64_t total_slots);

@@ -450,12 +450,11 @@ void Scheduler::Step() {
     }
     const absl::Time step_end = absl::Now();
     if (metrics_ != nullptr) {
-      int64_t prefill_tokens = 0, decode_rows = 0;
+      int64_t prefill_tokens = 0;
       for (size_t i = 0; i < batch.size(); ++i) {
         if (owners[i]->prefilling()) prefill_tokens += batch[i].tokens.size();
-        else ++decode_rows;
       }
-      metrics_->StepFinished(static_cast<int64_t>(batch.size()), prefill_tokens, decode_rows,
+      metrics_->StepFinished(static_cast<int64_t>(batch.size()), prefill_tokens,
                              step_end - step_start);
     }
 
@@ -590,6 +589,7 @@ absl::StatusOr<SessionInfo> Scheduler::ForkSession(const std::string& source, st
     auto session = std::make_unique<Session>();
     session->id = new_id;
     session->slot = slot;
+    session->length = *engine_->SequenceLength(slot);
     session->last_used = original.last_used = absl::Now();
     info = InfoOf(*session);
     sessions_[new_id] = std::move(session);
@@ -670,6 +670,7 @@ absl::StatusOr<SessionInfo> Scheduler::ImportSession(std::string_view state, std
     auto session = std::make_unique<Session>();
     session->id = new_id;
     session->slot = *slot;
+    session->length = *engine_->SequenceLength(*slot);
     session->last_used = absl::Now();
     info = InfoOf(*session);
     sessions_[new_id] = std::move(session);
