@@ -499,6 +499,40 @@ TEST_F(ServerTest, TextStreamsAsValidUtf8AndStopsAtStopStrings) {
   EXPECT_LT(stopped.ids.size(), free_run.ids.size());
 }
 
+TEST_F(ServerTest, TokenizeDetokenizeAndModelInfo) {
+  Start({.model_dir = ByteTokenizerModel(), .max_sequences = 8, .scheduler = {}});
+  grpc::ClientContext tokenize_context;
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text("héllo");
+  tokenize.set_add_bos(true);
+  v1::TokenizeResponse ids;
+  ASSERT_TRUE(server_->stub().Tokenize(&tokenize_context, tokenize, &ids).ok());
+  EXPECT_THAT(ids.ids(), ::testing::ElementsAre(1, 3 + 'h', 3 + 0xC3, 3 + 0xA9, 3 + 'l', 3 + 'l',
+                                                3 + 'o'));
+  grpc::ClientContext detokenize_context;
+  v1::DetokenizeRequest detokenize;
+  detokenize.mutable_ids()->CopyFrom(ids.ids());
+  v1::DetokenizeResponse text;
+  ASSERT_TRUE(server_->stub().Detokenize(&detokenize_context, detokenize, &text).ok());
+  EXPECT_EQ(text.text(), "héllo");
+  grpc::ClientContext bad_context;
+  detokenize.add_ids(4000);
+  const grpc::Status bad = server_->stub().Detokenize(&bad_context, detokenize, &text);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("ids[7]"));
+
+  grpc::ClientContext info_context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(server_->stub().GetModelInfo(&info_context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.tokenizer(), "byte");
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.backend(), server_->scheduler().engine().backend());
+  EXPECT_EQ(info.state_bytes_per_sequence(), int64_t(server_->scheduler().engine().state_bytes()));
+  EXPECT_EQ(info.state_slots_total(), 8);
+  EXPECT_EQ(info.state_slots_used(), 0);
+  EXPECT_THAT(info.config_json(), HasSubstr("\"tokenizer_type\":\"byte\""));
+}
+
 TEST_F(ServerTest, TopLogprobsAreTheModelsDistribution) {
   Start();
   v1::GenerateRequest request = GreedyRequest(golden_.input_ids[0], 1);

@@ -50,9 +50,6 @@ TestServer::TestServer(const TestServerOptions& options) {
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
   server_->GetHealthCheckService()->SetServingStatus(true);
-  metrics_port_ = FreePort();
-  exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("127.0.0.1:", metrics_port_));
-  exposer_->RegisterCollectable(metrics_->registry());
   target_ = absl::StrCat("127.0.0.1:", port);
   channel_ = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
   stub_ = v1::TttService::NewStub(channel_);
@@ -66,6 +63,11 @@ TestServer::~TestServer() {
 }
 
 std::string TestServer::ScrapeMetrics() {
+  if (exposer_ == nullptr) {
+    metrics_port_ = FreePort();
+    exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("127.0.0.1:", metrics_port_));
+    exposer_->RegisterCollectable(metrics_->registry());
+  }
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;

@@ -29,10 +29,10 @@ class TestServer {
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   const Model& model() const { return *model_; }
   Scheduler& scheduler() { return *scheduler_; }
-  int metrics_port() const { return metrics_port_; }
   // "127.0.0.1:PORT" of the gRPC server.
   const std::string& target() const { return target_; }
-  // GET /metrics.
+  // GET /metrics. The endpoint starts on first use: stopping civetweb takes two seconds, which
+  // tests that never scrape should not pay.
   std::string ScrapeMetrics();
 
  private:
