@@ -316,6 +316,14 @@ TEST_F(CudaEngineStateTest, ForkAndSaveRestoreContinueExactly) {
   EXPECT_LE(testing::MaxAbsDiff(Feed(cpu, *on_cpu, all.subspan(19)), expected), 1e-4f);
 }
 
+TEST_F(CudaEngineStateTest, APoolLargerThanTheGpuIsAClearErrorAtStart) {
+  auto engine = CreateCudaEngine(model_, {.max_sequences = int64_t{1} << 40});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(engine.status().message().find("state pool"), std::string_view::npos)
+      << engine.status();
+}
+
 TEST_F(CudaEngineStateTest, PoolLimitAndBadInputs) {
   auto gpu = MakeCudaEngine(model_, WeightPrecision::kBFloat16, /*max_sequences=*/2);
   ASSERT_NE(gpu, nullptr);
