@@ -17,7 +17,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -173,10 +172,7 @@ absl::Status Run() {
 }  // namespace ttt
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-bench: %s\n", std::string(status.message()).c_str());
     return 1;

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -66,19 +65,9 @@ int ExitCode(grpc::StatusCode code) {
   }
 }
 
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int index = static_cast<int>(code);
-  return index >= 0 && index < 17 ? kNames[index] : "UNKNOWN";
-}
-
 int Report(const grpc::Status& status) {
   if (!status.ok()) {
-    std::fprintf(stderr, "ttt-client: %s: %s\n", CodeName(status.error_code()),
+    std::fprintf(stderr, "ttt-client: %s: %s\n", StatusCodeName(status.error_code()).c_str(),
                  status.error_message().c_str());
   }
   return ExitCode(status.error_code());
@@ -297,9 +286,5 @@ int main(int argc, char** argv) {
       "  ttt-client [--server HOST:PORT] generate --prompt TEXT [--max-new-tokens N ...]\n"
       "  ttt-client session create|fork|info|delete|export|import ...\n"
       "  ttt-client tokenize TEXT | detokenize IDS | info | health");
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  return ttt::client::Run(std::vector<std::string>(rest.begin() + 1, rest.end()));
+  return ttt::client::Run(ttt::ParseFlags(argc, argv));
 }

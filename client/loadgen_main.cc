@@ -22,7 +22,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -81,16 +80,6 @@ double Percentile(std::vector<double> values, double p) {
   return values[std::min(values.size() - 1, static_cast<size_t>(p * values.size()))];
 }
 
-std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
-}
-
 class LoadGenerator {
  public:
   LoadGenerator(Client& client, int64_t vocab, LengthDistribution prompts,
@@ -140,7 +129,7 @@ class LoadGenerator {
       stats_.ttft.insert(stats_.ttft.end(), ttft.begin(), ttft.end());
       stats_.itl.insert(stats_.itl.end(), itl.begin(), itl.end());
     } else {
-      ++stats_.errors[CodeName(status.error_code())];
+      ++stats_.errors[StatusCodeName(status.error_code())];
     }
   }
 
@@ -171,7 +160,7 @@ int Run() {
   Client client(options);
   v1::ModelInfo info;
   if (grpc::Status status = client.GetModelInfo(&info); !status.ok()) {
-    std::fprintf(stderr, "ttt-loadgen: %s: %s\n", CodeName(status.error_code()).c_str(),
+    std::fprintf(stderr, "ttt-loadgen: %s: %s\n", StatusCodeName(status.error_code()).c_str(),
                  status.error_message().c_str());
     return 1;
   }
@@ -293,9 +282,6 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Load for a ttt server.\n"
       "  ttt-loadgen --server HOST:PORT (--concurrency N | --rate R) (--duration S | --requests N)");
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  ttt::ParseFlags(argc, argv);
   return ttt::client::Run();
 }

@@ -4,6 +4,16 @@
 
 namespace ttt::client {
 
+std::string StatusCodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  const int index = static_cast<int>(code);
+  return index >= 0 && index < static_cast<int>(std::size(kNames)) ? kNames[index] : "UNKNOWN";
+}
+
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options_.max_message_bytes);

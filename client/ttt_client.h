@@ -26,6 +26,9 @@ struct ClientOptions {
 
 enum class ServingStatus { kUnknown, kServing, kNotServing };
 
+// "INVALID_ARGUMENT" and so on: gRPC's name of a status code.
+std::string StatusCodeName(grpc::StatusCode code);
+
 class Client {
  public:
   explicit Client(ClientOptions options);

@@ -17,7 +17,6 @@
 #include <prometheus/exposer.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -148,10 +147,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves a TTT model over gRPC.\n  ttt-server --model DIR [--port N]");
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-server: %s\n", std::string(status.message()).c_str());
     return 1;

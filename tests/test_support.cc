@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -88,6 +89,17 @@ float MaxAbsDiff(std::span<const float> a, std::span<const float> b) {
     if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
   }
   return worst;
+}
+
+CommandResult RunCommand(const std::string& command_line) {
+  FILE* pipe = popen((command_line + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 std::string ScratchDir() {

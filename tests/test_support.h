@@ -39,6 +39,13 @@ std::shared_ptr<const Model> RandomModel(const ModelConfig& config, uint64_t see
 
 float MaxAbsDiff(std::span<const float> a, std::span<const float> b);
 
+struct CommandResult {
+  int exit_code;       // -1 when the command did not exit normally.
+  std::string output;  // stdout and stderr together.
+};
+// Runs a shell command line and collects what it prints.
+CommandResult RunCommand(const std::string& command_line);
+
 // A fresh empty directory for this test.
 std::string ScratchDir();
 

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <map>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_ops.h"
 #include "server/engine/state_codec.h"
@@ -470,28 +469,10 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
 }
 
 absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
-  const int64_t vocab = model_->config.vocab_size;
-  absl::flat_hash_set<SequenceSlot> seen;
-  for (size_t b = 0; b < batch.size(); ++b) {
-    const SequenceChunk& chunk = batch[b];
-    TTT_RETURN_IF_ERROR(CheckSlot(chunk.slot, absl::StrCat("batch[", b, "].slot")));
-    if (!seen.insert(chunk.slot).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch[", b, "].slot: slot ", chunk.slot, " appears twice in one batch"));
-    }
-    if (which == LogitsFor::kLastToken && chunk.tokens.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch[", b, "].tokens: empty, so it has no last token to give logits for"));
-    }
-    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
-      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("batch[", b, "].tokens[", i, "]: id ",
-                                                       chunk.tokens[i],
-                                                       " is outside the vocabulary [0, ", vocab, ")"));
-      }
-    }
-  }
-  return absl::OkStatus();
+  return ValidateBatch(batch, which, model_->config.vocab_size,
+                       [this](SequenceSlot slot, std::string_view field) {
+                         return CheckSlot(slot, field);
+                       });
 }
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {

@@ -1,9 +1,36 @@
 #include "server/engine/engine.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "server/util/status_macros.h"
 
 namespace ttt {
+
+absl::Status ValidateBatch(
+    std::span<const SequenceChunk> batch, LogitsFor which, int64_t vocab_size,
+    const std::function<absl::Status(SequenceSlot, std::string_view)>& check_slot) {
+  absl::flat_hash_set<SequenceSlot> seen;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceChunk& chunk = batch[b];
+    TTT_RETURN_IF_ERROR(check_slot(chunk.slot, absl::StrCat("batch[", b, "].slot")));
+    if (!seen.insert(chunk.slot).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", b, "].slot: slot ", chunk.slot, " appears twice in one batch"));
+    }
+    if (which == LogitsFor::kLastToken && chunk.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch[", b, "].tokens: empty, so it has no last token to give logits for"));
+    }
+    for (size_t i = 0; i < chunk.tokens.size(); ++i) {
+      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch[", b, "].tokens[", i, "]: id ", chunk.tokens[i],
+                         " is outside the vocabulary [0, ", vocab_size, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
                                    std::span<const SamplingParams> sampling) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +77,13 @@ class Engine {
                                         std::span<const SamplingParams> sampling,
                                         std::vector<SampledToken>* tokens) = 0;
 };
+
+// The checks every backend's Forward makes before touching any state: `check_slot(slot, field)`
+// says whether a slot holds a live sequence (NotFound naming `field` otherwise); slots must be
+// distinct, tokens inside [0, vocab_size), and chunks non-empty when kLastToken wants logits.
+absl::Status ValidateBatch(
+    std::span<const SequenceChunk> batch, LogitsFor which, int64_t vocab_size,
+    const std::function<absl::Status(SequenceSlot, std::string_view)>& check_slot);
 
 // The checks ForwardAndSample makes on `sampling` besides Forward's on `batch`.
 absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,

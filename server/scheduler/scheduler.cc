@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/metrics/metrics.h"
+#include "server/util/absl_string_view.h"
 #include "server/util/status_macros.h"
 
 namespace ttt {
@@ -291,17 +292,11 @@ void Scheduler::Step() {
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     Active& active = **it;
     if (active.session == nullptr && !active.spec.session_id.empty() && !active.finish) {
-      auto found = sessions_.find(active.spec.session_id);
-      if (found == sessions_.end()) {
-        Finish(active, FinishReason::kCancelled,
-               absl::NotFoundError(absl::StrCat("session_id: no session '",
-                                                active.spec.session_id, "'")));
-      } else if (found->second->busy) {
-        Finish(active, FinishReason::kCancelled,
-               absl::AbortedError(absl::StrCat("session_id: session '", active.spec.session_id,
-                                               "' is busy with another request")));
+      absl::StatusOr<Session*> found = FindSession(active.spec.session_id, "session_id", true);
+      if (!found.ok()) {
+        Finish(active, FinishReason::kCancelled, found.status());
       } else {
-        active.session = found->second.get();
+        active.session = *found;
         active.session->busy = true;
         if (options_.max_context_tokens > 0 &&
             active.session->length + static_cast<int64_t>(active.spec.prompt.size()) +
@@ -542,6 +537,31 @@ SessionInfo Scheduler::InfoOf(const Session& session) const {
   return info;
 }
 
+absl::StatusOr<Scheduler::Session*> Scheduler::FindSession(const std::string& id,
+                                                           std::string_view field,
+                                                           bool must_be_idle) {
+  auto found = sessions_.find(id);
+  if (found == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat(AbslView(field), ": no session '", id, "'"));
+  }
+  if (must_be_idle && found->second->busy) {
+    return absl::AbortedError(absl::StrCat(AbslView(field), ": session '", id,
+                                           "' is busy with another request"));
+  }
+  return found->second.get();
+}
+
+SessionInfo Scheduler::AddSession(const std::string& id, SequenceSlot slot) {
+  auto session = std::make_unique<Session>();
+  session->id = id;
+  session->slot = slot;
+  session->length = *engine_->SequenceLength(slot);
+  session->last_used = absl::Now();
+  const SessionInfo info = InfoOf(*session);
+  sessions_[id] = std::move(session);
+  return info;
+}
+
 absl::StatusOr<std::string> Scheduler::NewSessionId(std::string requested) {
   if (requested.empty()) {
     do {
@@ -560,12 +580,7 @@ absl::StatusOr<SessionInfo> Scheduler::CreateSession(std::string id) {
   TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
     TTT_ASSIGN_OR_RETURN(std::string new_id, NewSessionId(std::move(id)));
     TTT_ASSIGN_OR_RETURN(SequenceSlot slot, CreateSlot(nullptr));
-    auto session = std::make_unique<Session>();
-    session->id = new_id;
-    session->slot = slot;
-    session->last_used = absl::Now();
-    info = InfoOf(*session);
-    sessions_[new_id] = std::move(session);
+    info = AddSession(new_id, slot);
     return absl::OkStatus();
   }));
   return info;
@@ -574,25 +589,12 @@ absl::StatusOr<SessionInfo> Scheduler::CreateSession(std::string id) {
 absl::StatusOr<SessionInfo> Scheduler::ForkSession(const std::string& source, std::string id) {
   SessionInfo info;
   TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
-    auto found = sessions_.find(source);
-    if (found == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("source_session_id: no session '", source, "'"));
-    }
-    Session& original = *found->second;
-    if (original.busy) {
-      return absl::AbortedError(absl::StrCat("source_session_id: session '", source,
-                                             "' is busy with another request"));
-    }
+    TTT_ASSIGN_OR_RETURN(Session * original, FindSession(source, "source_session_id", true));
     TTT_ASSIGN_OR_RETURN(std::string new_id, NewSessionId(std::move(id)));
-    TTT_RETURN_IF_ERROR(MakeResident(original));
-    TTT_ASSIGN_OR_RETURN(SequenceSlot slot, ForkSlot(original.slot, &original));
-    auto session = std::make_unique<Session>();
-    session->id = new_id;
-    session->slot = slot;
-    session->length = *engine_->SequenceLength(slot);
-    session->last_used = original.last_used = absl::Now();
-    info = InfoOf(*session);
-    sessions_[new_id] = std::move(session);
+    TTT_RETURN_IF_ERROR(MakeResident(*original));
+    TTT_ASSIGN_OR_RETURN(SequenceSlot slot, ForkSlot(original->slot, original));
+    original->last_used = absl::Now();
+    info = AddSession(new_id, slot);
     return absl::OkStatus();
   }));
   return info;
@@ -601,11 +603,8 @@ absl::StatusOr<SessionInfo> Scheduler::ForkSession(const std::string& source, st
 absl::StatusOr<SessionInfo> Scheduler::GetSession(const std::string& id) {
   SessionInfo info;
   TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
-    auto found = sessions_.find(id);
-    if (found == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
-    }
-    info = InfoOf(*found->second);
+    TTT_ASSIGN_OR_RETURN(Session * session, FindSession(id, "session_id", false));
+    info = InfoOf(*session);
     return absl::OkStatus();
   }));
   return info;
@@ -613,18 +612,10 @@ absl::StatusOr<SessionInfo> Scheduler::GetSession(const std::string& id) {
 
 absl::Status Scheduler::DeleteSession(const std::string& id) {
   return RunOnEngineThread([&]() -> absl::Status {
-    auto found = sessions_.find(id);
-    if (found == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
-    }
-    Session& session = *found->second;
-    if (session.busy) {
-      return absl::AbortedError(
-          absl::StrCat("session_id: session '", id, "' is busy with another request"));
-    }
-    if (session.slot >= 0) TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(session.slot));
-    host_session_bytes_ -= session.saved_state.size();
-    sessions_.erase(found);
+    TTT_ASSIGN_OR_RETURN(Session * session, FindSession(id, "session_id", true));
+    if (session->slot >= 0) TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(session->slot));
+    host_session_bytes_ -= session->saved_state.size();
+    sessions_.erase(id);
     return absl::OkStatus();
   });
 }
@@ -633,21 +624,13 @@ absl::StatusOr<std::string> Scheduler::ExportSession(const std::string& id,
                                                      int64_t* tokens_absorbed) {
   std::string bytes;
   TTT_RETURN_IF_ERROR(RunOnEngineThread([&]() -> absl::Status {
-    auto found = sessions_.find(id);
-    if (found == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session_id: no session '", id, "'"));
-    }
-    Session& session = *found->second;
-    if (session.busy) {
-      return absl::AbortedError(
-          absl::StrCat("session_id: session '", id, "' is busy with another request"));
-    }
-    if (session.slot >= 0) {
-      TTT_ASSIGN_OR_RETURN(bytes, engine_->SaveSequence(session.slot));
-      *tokens_absorbed = *engine_->SequenceLength(session.slot);
+    TTT_ASSIGN_OR_RETURN(Session * session, FindSession(id, "session_id", true));
+    if (session->slot >= 0) {
+      TTT_ASSIGN_OR_RETURN(bytes, engine_->SaveSequence(session->slot));
+      *tokens_absorbed = *engine_->SequenceLength(session->slot);
     } else {
-      bytes = session.saved_state;
-      *tokens_absorbed = session.length;
+      bytes = session->saved_state;
+      *tokens_absorbed = session->length;
     }
     return absl::OkStatus();
   }));
@@ -667,13 +650,7 @@ absl::StatusOr<SessionInfo> Scheduler::ImportSession(std::string_view state, std
     if (!slot.ok()) {
       return absl::Status(slot.status().code(), absl::StrCat("state: ", slot.status().message()));
     }
-    auto session = std::make_unique<Session>();
-    session->id = new_id;
-    session->slot = *slot;
-    session->length = *engine_->SequenceLength(*slot);
-    session->last_used = absl::Now();
-    info = InfoOf(*session);
-    sessions_[new_id] = std::move(session);
+    info = AddSession(new_id, *slot);
     return absl::OkStatus();
   }));
   return info;

@@ -161,6 +161,11 @@ class Scheduler {
   absl::StatusOr<SequenceSlot> CreateSlot(const Session* keep);
   absl::StatusOr<SequenceSlot> ForkSlot(SequenceSlot source, const Session* keep);
   absl::StatusOr<std::string> NewSessionId(std::string requested);
+  // NotFound naming `field`, or Aborted when `must_be_idle` and a request is using it.
+  absl::StatusOr<Session*> FindSession(const std::string& id, std::string_view field,
+                                       bool must_be_idle);
+  // Registers a new resident session over `slot`.
+  SessionInfo AddSession(const std::string& id, SequenceSlot slot);
   SessionInfo InfoOf(const Session& session) const;
   void Finish(Active& active, FinishReason reason, absl::Status status,
               std::vector<GeneratedToken> last_tokens = {});

@@ -1,8 +1,11 @@
-// Lets every binary accept --flag-name as well as abseil's --flag_name.
+// Command-line parsing shared by every binary: abseil flags, accepting --flag-name as well as
+// abseil's --flag_name.
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "absl/flags/parse.h"
 
 namespace ttt {
 
@@ -19,6 +22,17 @@ inline std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
     }
   }
   return args;
+}
+
+// Parses the flags (exiting with a message on a bad one) and returns the positional arguments,
+// without the program name.
+inline std::vector<std::string> ParseFlags(int argc, char** argv) {
+  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  return std::vector<std::string>(positional.begin() + 1, positional.end());
 }
 
 }  // namespace ttt

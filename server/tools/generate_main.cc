@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -222,10 +221,7 @@ int main(int argc, char** argv) {
       "Generates text with a TTT model on the CPU.\n"
       "  ttt-generate --model DIR --prompt TEXT [--max-new-tokens N] [--temperature T ...]\n"
       "  ttt-generate --model DIR --prompt-ids 1,2,3 --logits-out FILE [--chunk N]");
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-generate: %s\n", std::string(status.message()).c_str());
     return 1;

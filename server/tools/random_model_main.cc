@@ -12,7 +12,6 @@
 #include <Eigen/Core>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "server/model/presets.h"
@@ -72,10 +71,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Writes a random-weight TTT model.\n  ttt-random-model --preset 1b --out DIR");
-  std::vector<std::string> args = ttt::UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& arg : args) arg_ptrs.push_back(arg.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-random-model: %s\n", std::string(status.message()).c_str());
     return 1;

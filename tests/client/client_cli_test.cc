@@ -1,8 +1,4 @@
 // ttt-client against a real server: its output, its error messages and its exit codes.
-#include <sys/wait.h>
-
-#include <cstdio>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,11 +12,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout and stderr.
-};
-
 class ClientCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -28,23 +19,16 @@ class ClientCliTest : public ::testing::Test {
         .model_dir = testing::TestDataPath("golden/tiny-linear-m"), .max_sequences = 8,
         .scheduler = {}});
   }
-  RunResult Client(const std::string& args) {
-    const std::string command = absl::StrCat(TTT_CLIENT_BINARY, " --server ",
-                                             server_->target(), " ", args, " 2>&1");
-    FILE* pipe = popen(command.c_str(), "r");
-    std::string output;
-    char buffer[4096];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-    const int status = pclose(pipe);
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  testing::CommandResult Client(const std::string& args) {
+    return testing::RunCommand(
+        absl::StrCat(TTT_CLIENT_BINARY, " --server ", server_->target(), " ", args));
   }
   std::unique_ptr<testing::TestServer> server_;
 };
 
 TEST_F(ClientCliTest, GenerateStreamsTheGreedyTokens) {
   const testing::Golden golden = testing::LoadGolden("tiny-linear-m");
-  const RunResult run = Client(absl::StrCat(
+  const testing::CommandResult run = Client(absl::StrCat(
       "generate --prompt-ids ", absl::StrJoin(golden.input_ids[0], ","),
       " --temperature 0 --ignore-eos --print-ids --max-new-tokens ", golden.greedy_steps));
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -54,7 +38,7 @@ TEST_F(ClientCliTest, GenerateStreamsTheGreedyTokens) {
 
 TEST_F(ClientCliTest, SessionsAndErrorsByExitCode) {
   EXPECT_EQ(Client("session create talk").exit_code, 0);
-  RunResult run = Client("generate --session talk --prompt-ids 1,2,3 --max-new-tokens 4 --print-ids");
+  testing::CommandResult run = Client("generate --session talk --prompt-ids 1,2,3 --max-new-tokens 4 --print-ids");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   run = Client("session info talk");
   EXPECT_THAT(run.output, HasSubstr("session talk: 7 tokens absorbed"));

@@ -1,8 +1,5 @@
 // ttt-generate, run as a user would: its --logits-out file and greedy output against the golden
 // vectors, and its errors.
-#include <cstdio>
-#include <sys/wait.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,20 +14,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout and stderr.
-};
-
-RunResult RunGenerate(const std::string& args) {
-  const std::string command = absl::StrCat(TTT_GENERATE_BINARY, " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+testing::CommandResult RunGenerate(const std::string& args) {
+  return testing::RunCommand(absl::StrCat(TTT_GENERATE_BINARY, " ", args));
 }
 
 class GenerateToolTest : public ::testing::Test {
@@ -47,7 +32,7 @@ class GenerateToolTest : public ::testing::Test {
 TEST_F(GenerateToolTest, LogitsOutMatchesTheReferenceForEveryChunking) {
   for (int chunk : {0, 1, 5, 16}) {
     const std::string out = testing::ScratchDir() + "/logits.safetensors";
-    const RunResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --chunk ",
+    const testing::CommandResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --chunk ",
                                                    chunk, " --max-new-tokens 0 --logits-out ", out));
     ASSERT_EQ(run.exit_code, 0) << run.output;
     auto file = SafetensorsFile::Open(out);
@@ -66,7 +51,7 @@ TEST_F(GenerateToolTest, LogitsOutMatchesTheReferenceForEveryChunking) {
 }
 
 TEST_F(GenerateToolTest, GreedyIdsMatchTheReference) {
-  const RunResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids",
+  const testing::CommandResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids",
                                                  " --ignore-eos --max-new-tokens ",
                                                  golden_.greedy_steps));
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -78,10 +63,10 @@ TEST_F(GenerateToolTest, SamplingIsReproducibleBySeed) {
   const std::string args =
       absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids --max-new-tokens 20 --ignore-eos",
                    " --temperature 1.0 --top-p 0.9");
-  const RunResult a = RunGenerate(args + " --seed 1"), b = RunGenerate(args + " --seed 1");
-  const RunResult c = RunGenerate(args + " --seed 2");
+  const testing::CommandResult a = RunGenerate(args + " --seed 1"), b = RunGenerate(args + " --seed 1");
+  const testing::CommandResult c = RunGenerate(args + " --seed 2");
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto ids = [](const RunResult& r) { return r.output.substr(0, r.output.find('\n')); };
+  auto ids = [](const testing::CommandResult& r) { return r.output.substr(0, r.output.find('\n')); };
   EXPECT_EQ(ids(a), ids(b));
   EXPECT_NE(ids(a), ids(c));
 }
@@ -99,7 +84,7 @@ TEST_F(GenerateToolTest, BadInputsExitNonZeroNamingTheFlag) {
       {"--model /nonexistent --prompt-ids 1", "/nonexistent/config.json"},
   };
   for (const Case& c : cases) {
-    const RunResult run = RunGenerate(c.args);
+    const testing::CommandResult run = RunGenerate(c.args);
     EXPECT_EQ(run.exit_code, 1) << c.args << "\n" << run.output;
     EXPECT_THAT(run.output, HasSubstr(c.message)) << c.args;
   }
