@@ -23,28 +23,12 @@ std::string TttTensor(std::string_view name) { return absl::StrCat(kTttBlock, Ab
 }  // namespace
 
 CpuEngine::CpuEngine(std::shared_ptr<const Model> model, CpuEngineOptions options)
-    : model_(std::move(model)), options_(options), layout_(model_->config) {
-  const ModelConfig& c = model_->config;
-  const ModelWeights& w = model_->weights;
-  const int64_t K = c.mini_batch_size;
-  fresh_state_.assign(layout_.total_floats(), 0.0f);
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    float* state = fresh_state_.data() + layout_.layer_offset(layer);
-    auto copy = [&](std::string_view name, size_t offset) {
-      std::span<const float> values = w.Get(LayerTensorName(layer, TttTensor(name)));
-      std::copy(values.begin(), values.end(), state + offset);
-    };
-    copy("W1", layout_.W1);
-    copy("b1", layout_.b1);
-    if (c.ttt_layer_type == TttLayerType::kMlp) {
-      copy("W2", layout_.W2);
-      copy("b2", layout_.b2);
-    }
-    const float* token_idx = w.LayerData(layer, TttTensor("learnable_token_idx"));
-    std::vector<float>& tau = tau_.emplace_back(K);
-    for (int64_t r = 0; r < K; ++r) {
-      tau[r] = std::max(0.0f, 1.0f / static_cast<float>(r + 1) + token_idx[r]);
-    }
+    : model_(std::move(model)),
+      options_(options),
+      layout_(model_->config),
+      fresh_state_(FreshState(model_->config, model_->weights, layout_)) {
+  for (int64_t layer = 0; layer < model_->config.num_hidden_layers; ++layer) {
+    tau_.push_back(WindowStepScales(model_->config, model_->weights, layer));
   }
 }
 

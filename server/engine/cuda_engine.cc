@@ -280,22 +280,7 @@ absl::Status CudaEngine::Initialize() {
   }
   TTT_RETURN_IF_ERROR(UploadWeights());
 
-  // The fresh state: the checkpoint's θ0, zero pending window and conv histories.
-  std::vector<float> fresh(layout_.total_floats(), 0.0f);
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    float* state = fresh.data() + layout_.layer_offset(layer);
-    auto copy = [&](std::string_view name, size_t offset) {
-      std::span<const float> values =
-          model_->weights.Get(LayerTensorName(layer, absl::StrCat(kTttBlock, AbslView(name))));
-      std::copy(values.begin(), values.end(), state + offset);
-    };
-    copy("W1", layout_.W1);
-    copy("b1", layout_.b1);
-    if (c.ttt_layer_type == TttLayerType::kMlp) {
-      copy("W2", layout_.W2);
-      copy("b2", layout_.b2);
-    }
-  }
+  const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
   TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
   TTT_CUDA(cudaMemcpy(fresh_state_.get(), fresh.data(), layout_.total_bytes(),
                       cudaMemcpyHostToDevice));
@@ -382,12 +367,7 @@ absl::Status CudaEngine::UploadWeights() {
     w.gate_proj = get(name("mlp.gate_proj.weight"));
     w.up_proj = get(name("mlp.up_proj.weight"));
     w.down_proj = get(name("mlp.down_proj.weight"));
-    // τ_r = max(0, 1/(r+1) + c_r), computed once on the host.
-    const float* token_idx = model_->weights.LayerData(i, absl::StrCat(kTttBlock, "learnable_token_idx"));
-    std::vector<float> tau(c.mini_batch_size);
-    for (int64_t r = 0; r < c.mini_batch_size; ++r) {
-      tau[r] = std::max(0.0f, 1.0f / static_cast<float>(r + 1) + token_idx[r]);
-    }
+    const std::vector<float> tau = WindowStepScales(c, model_->weights, i);
     DeviceBuffer& tau_buffer = weight_buffers_.emplace_back();
     TTT_RETURN_IF_ERROR(tau_buffer.Reserve(tau.size() * sizeof(float)));
     TTT_CUDA(cudaMemcpy(tau_buffer.get(), tau.data(), tau.size() * sizeof(float),

@@ -1,5 +1,8 @@
 #include "server/engine/state_layout.h"
 
+#include <algorithm>
+#include <string>
+
 namespace ttt {
 
 StateLayout::StateLayout(const ModelConfig& c) : num_layers(c.num_hidden_layers) {
@@ -24,6 +27,37 @@ StateLayout::StateLayout(const ModelConfig& c) : num_layers(c.num_hidden_layers)
   conv_pre = take(c.pre_conv ? history * D : 0);
   conv_qk = take(c.share_qk ? history * D : 0);
   layer_floats = offset;
+}
+
+std::vector<float> FreshState(const ModelConfig& c, const ModelWeights& weights,
+                              const StateLayout& layout) {
+  std::vector<float> state(layout.total_floats(), 0.0f);
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    float* base = state.data() + layout.layer_offset(layer);
+    auto copy = [&](const char* name, size_t offset) {
+      std::span<const float> values =
+          weights.Get(LayerTensorName(layer, std::string(kTttBlock) + name));
+      std::copy(values.begin(), values.end(), base + offset);
+    };
+    copy("W1", layout.W1);
+    copy("b1", layout.b1);
+    if (c.ttt_layer_type == TttLayerType::kMlp) {
+      copy("W2", layout.W2);
+      copy("b2", layout.b2);
+    }
+  }
+  return state;
+}
+
+std::vector<float> WindowStepScales(const ModelConfig& c, const ModelWeights& weights,
+                                    int64_t layer) {
+  const float* token_idx =
+      weights.LayerData(layer, std::string(kTttBlock) + "learnable_token_idx");
+  std::vector<float> tau(c.mini_batch_size);
+  for (int64_t r = 0; r < c.mini_batch_size; ++r) {
+    tau[r] = std::max(0.0f, 1.0f / static_cast<float>(r + 1) + token_idx[r]);
+  }
+  return tau;
 }
 
 }  // namespace ttt

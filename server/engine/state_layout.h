@@ -5,7 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <vector>
+
 #include "server/model/config.h"
+#include "server/model/weights.h"
 
 namespace ttt {
 
@@ -31,5 +34,14 @@ struct StateLayout {
   size_t total_bytes() const { return total_floats() * sizeof(float); }
   size_t layer_offset(int64_t layer) const { return layer_floats * layer; }
 };
+
+// A sequence's state before its first token: θ0 from the checkpoint, the pending window and the
+// conv histories zero.
+std::vector<float> FreshState(const ModelConfig& config, const ModelWeights& weights,
+                              const StateLayout& layout);
+
+// Layer `layer`'s τ_r = max(0, 1/(r+1) + learnable_token_idx[r]) for r < K (spec §3.4).
+std::vector<float> WindowStepScales(const ModelConfig& config, const ModelWeights& weights,
+                                    int64_t layer);
 
 }  // namespace ttt
