@@ -71,7 +71,7 @@ double Percentile(std::vector<double> values, double p) {
 }
 
 // Device copy bandwidth (bytes read + written per second), or 0 on the CPU.
-absl::StatusOr<double> CopyBandwidth(std::string_view backend) {
+absl::StatusOr<double> CopyBandwidth([[maybe_unused]] std::string_view backend) {
 #if TTT_WITH_CUDA
   if (backend.starts_with("cuda")) {
     std::string error;
