@@ -27,8 +27,44 @@ CpuEngine::CpuEngine(std::shared_ptr<const Model> model, CpuEngineOptions option
       options_(options),
       layout_(model_->config),
       fresh_state_(FreshState(model_->config, model_->weights, layout_)) {
-  for (int64_t layer = 0; layer < model_->config.num_hidden_layers; ++layer) {
-    tau_.push_back(WindowStepScales(model_->config, model_->weights, layer));
+  const ModelConfig& c = model_->config;
+  const ModelWeights& w = model_->weights;
+  embedding_ = w.Data("model.embed_tokens.weight");
+  final_norm_ = w.Data("model.norm.weight");
+  lm_head_ = w.Data("lm_head.weight");
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto get = [&](std::string_view suffix) { return w.LayerData(i, suffix); };
+    auto ttt = [&](std::string_view name) { return get(TttTensor(name)); };
+    LayerWeights& l = layers_.emplace_back();
+    if (c.pre_conv) {
+      l.conv_norm = get("conv.norm.weight");
+      l.conv_w = get("conv.conv.weight");
+      l.conv_b = get("conv.conv.bias");
+    }
+    l.seq_norm = get("seq_norm.weight");
+    l.q_proj = ttt("q_proj.weight");
+    if (c.share_qk) {
+      l.conv_q_w = ttt("conv_q.weight");
+      l.conv_q_b = ttt("conv_q.bias");
+      l.conv_k_w = ttt("conv_k.weight");
+      l.conv_k_b = ttt("conv_k.bias");
+    } else {
+      l.k_proj = ttt("k_proj.weight");
+    }
+    l.v_proj = ttt("v_proj.weight");
+    l.o_proj = ttt("o_proj.weight");
+    if (c.use_gate) l.g_proj = ttt("g_proj.weight");
+    l.lr_w = ttt("learnable_ttt_lr_weight");
+    l.lr_b = ttt("learnable_ttt_lr_bias");
+    l.ttt_norm_w = ttt("ttt_norm_weight");
+    l.ttt_norm_b = ttt("ttt_norm_bias");
+    l.post_norm_w = ttt("post_norm.weight");
+    l.post_norm_b = ttt("post_norm.bias");
+    l.ffn_norm = get("ffn_norm.weight");
+    l.gate_proj = get("mlp.gate_proj.weight");
+    l.up_proj = get("mlp.up_proj.weight");
+    l.down_proj = get("mlp.down_proj.weight");
+    l.tau = WindowStepScales(c, w, i);
   }
 }
 
@@ -108,7 +144,6 @@ absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor 
                                 std::vector<float>* logits) {
   TTT_RETURN_IF_ERROR(Validate(batch, which));
   const ModelConfig& c = model_->config;
-  const ModelWeights& w = model_->weights;
   const int64_t D = c.hidden_size, V = c.vocab_size;
 
   std::vector<Segment> segments;
@@ -121,11 +156,10 @@ absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor 
 
   // Embedding, then the blocks over all tokens of the batch stacked as rows.
   std::vector<float> h(rows * D);
-  const float* embedding = w.Data("model.embed_tokens.weight");
   int64_t row = 0;
   for (const SequenceChunk& chunk : batch) {
     for (int32_t token : chunk.tokens) {
-      std::memcpy(&h[row++ * D], embedding + int64_t{token} * D, D * sizeof(float));
+      std::memcpy(&h[row++ * D], embedding_ + int64_t{token} * D, D * sizeof(float));
     }
   }
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
@@ -145,9 +179,9 @@ absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor 
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(&selected[i * D], &h[out_rows[i] * D], D * sizeof(float));
   }
-  cpu::RmsNorm(selected.data(), n, D, w.Data("model.norm.weight"), c.rms_norm_eps, normed.data());
+  cpu::RmsNorm(selected.data(), n, D, final_norm_, c.rms_norm_eps, normed.data());
   logits->resize(n * V);
-  cpu::Linear(normed.data(), n, D, w.Data("lm_head.weight"), V, logits->data());
+  cpu::Linear(normed.data(), n, D, lm_head_, V, logits->data());
   return absl::OkStatus();
 }
 
@@ -169,21 +203,18 @@ absl::Status CpuEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
 void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, int64_t rows,
                              std::vector<float>& h) {
   const ModelConfig& c = model_->config;
-  const ModelWeights& w = model_->weights;
+  const LayerWeights& w = layers_[layer];
   const int64_t D = c.hidden_size, I = c.intermediate_size, nh = c.num_attention_heads;
   const int64_t f = c.head_dim(), f1 = c.inner_width(), K = c.mini_batch_size;
   const int64_t ck = c.conv_kernel;
   const float rms_eps = static_cast<float>(c.rms_norm_eps);
   const bool mlp = c.ttt_layer_type == TttLayerType::kMlp;
-  auto weight = [&](std::string_view suffix) { return w.LayerData(layer, suffix); };
-  auto ttt_weight = [&](std::string_view name) { return weight(TttTensor(name)); };
   auto state_of = [&](const Segment& s) {
     return s.sequence->state.data() + layout_.layer_offset(layer);
   };
   // Causal conv over each segment, continuing (and then advancing) that sequence's history.
-  auto conv = [&](const float* in, std::string_view conv_name, size_t history_offset, float* out) {
-    const float* cw = weight(absl::StrCat(AbslView(conv_name), ".weight"));
-    const float* cb = weight(absl::StrCat(AbslView(conv_name), ".bias"));
+  auto conv = [&](const float* in, const float* cw, const float* cb, size_t history_offset,
+                  float* out) {
     for (const Segment& s : segments) {
       cpu::CausalConv(in + s.row * D, s.count, D, cw, cb, ck, state_of(s) + history_offset,
                       out + s.row * D);
@@ -200,33 +231,33 @@ void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, i
 
   std::vector<float> x(rows * D), tmp(rows * D);
   if (c.pre_conv) {
-    cpu::RmsNorm(h.data(), rows, D, weight("conv.norm.weight"), rms_eps, x.data());
-    conv(x.data(), "conv.conv", layout_.conv_pre, tmp.data());
+    cpu::RmsNorm(h.data(), rows, D, w.conv_norm, rms_eps, x.data());
+    conv(x.data(), w.conv_w, w.conv_b, layout_.conv_pre, tmp.data());
     advance_history(x.data(), layout_.conv_pre);
     add_into_h(tmp);
   }
 
   // The TTT layer's inputs (spec §3.2–3.4).
-  cpu::RmsNorm(h.data(), rows, D, weight("seq_norm.weight"), rms_eps, x.data());
+  cpu::RmsNorm(h.data(), rows, D, w.seq_norm, rms_eps, x.data());
   std::vector<float> q(rows * D), k(rows * D), v(rows * D);
   if (c.share_qk) {
-    cpu::Linear(x.data(), rows, D, ttt_weight("q_proj.weight"), D, tmp.data());
-    conv(tmp.data(), TttTensor("conv_q"), layout_.conv_qk, q.data());
-    conv(tmp.data(), TttTensor("conv_k"), layout_.conv_qk, k.data());
+    cpu::Linear(x.data(), rows, D, w.q_proj, D, tmp.data());
+    conv(tmp.data(), w.conv_q_w, w.conv_q_b, layout_.conv_qk, q.data());
+    conv(tmp.data(), w.conv_k_w, w.conv_k_b, layout_.conv_qk, k.data());
     advance_history(tmp.data(), layout_.conv_qk);
   } else {
-    cpu::Linear(x.data(), rows, D, ttt_weight("q_proj.weight"), D, q.data());
-    cpu::Linear(x.data(), rows, D, ttt_weight("k_proj.weight"), D, k.data());
+    cpu::Linear(x.data(), rows, D, w.q_proj, D, q.data());
+    cpu::Linear(x.data(), rows, D, w.k_proj, D, k.data());
   }
-  cpu::Linear(x.data(), rows, D, ttt_weight("v_proj.weight"), D, v.data());
+  cpu::Linear(x.data(), rows, D, w.v_proj, D, v.data());
   for (const Segment& s : segments) {
     const int64_t start = s.sequence->length;
     cpu::ApplyRope(q.data() + s.row * D, s.count, D, nh, f, start, K, c.rope_theta);
     cpu::ApplyRope(k.data() + s.row * D, s.count, D, nh, f, start, K, c.rope_theta);
   }
   std::vector<float> lr(rows * nh);
-  cpu::Linear(x.data(), rows, D, ttt_weight("learnable_ttt_lr_weight"), nh, lr.data());
-  const float* lr_bias = ttt_weight("learnable_ttt_lr_bias");
+  cpu::Linear(x.data(), rows, D, w.lr_w, nh, lr.data());
+  const float* lr_bias = w.lr_b;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t head = 0; head < nh; ++head) {
       float& value = lr[r * nh + head];
@@ -236,8 +267,8 @@ void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, i
   }
 
   // The inner loop, one (sequence, head) pair per task.
-  const float* ln_weight = ttt_weight("ttt_norm_weight");
-  const float* ln_bias = ttt_weight("ttt_norm_bias");
+  const float* ln_weight = w.ttt_norm_w;
+  const float* ln_bias = w.ttt_norm_b;
   std::vector<float> ttt_out(rows * D);
   const int64_t tasks = static_cast<int64_t>(segments.size()) * nh;
   // Threads pay off only beyond a few tens of microseconds of work (flops ≈ rows·nh·f·f1·const).
@@ -253,7 +284,7 @@ void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, i
                                     .mlp = mlp,
                                     .ln_weight = ln_weight + head * f,
                                     .ln_bias = ln_bias + head * f,
-                                    .tau = tau_[layer].data(),
+                                    .tau = w.tau.data(),
                                     .ln_eps = kLayerNormEps};
     float* base = state_of(s);
     const cpu::TttHeadState state{.W1 = base + layout_.W1 + head * f * f1,
@@ -272,22 +303,22 @@ void CpuEngine::ForwardLayer(int64_t layer, std::span<const Segment> segments, i
   }
 
   // Layer output (spec §3.8).
-  cpu::LayerNorm(ttt_out.data(), rows, D, ttt_weight("post_norm.weight"),
-                 ttt_weight("post_norm.bias"), kLayerNormEps, tmp.data());
+  cpu::LayerNorm(ttt_out.data(), rows, D, w.post_norm_w,
+                 w.post_norm_b, kLayerNormEps, tmp.data());
   if (c.use_gate) {
-    cpu::Linear(x.data(), rows, D, ttt_weight("g_proj.weight"), D, q.data());
+    cpu::Linear(x.data(), rows, D, w.g_proj, D, q.data());
     for (int64_t i = 0; i < rows * D; ++i) tmp[i] *= cpu::Gelu(q[i]);
   }
-  cpu::Linear(tmp.data(), rows, D, ttt_weight("o_proj.weight"), D, x.data());
+  cpu::Linear(tmp.data(), rows, D, w.o_proj, D, x.data());
   add_into_h(x);
 
   // SwiGLU feed-forward.
-  cpu::RmsNorm(h.data(), rows, D, weight("ffn_norm.weight"), rms_eps, x.data());
+  cpu::RmsNorm(h.data(), rows, D, w.ffn_norm, rms_eps, x.data());
   std::vector<float> gate(rows * I), up(rows * I);
-  cpu::Linear(x.data(), rows, D, weight("mlp.gate_proj.weight"), I, gate.data());
-  cpu::Linear(x.data(), rows, D, weight("mlp.up_proj.weight"), I, up.data());
+  cpu::Linear(x.data(), rows, D, w.gate_proj, I, gate.data());
+  cpu::Linear(x.data(), rows, D, w.up_proj, I, up.data());
   cpu::SwiGluActivation(gate.data(), up.data(), rows * I, gate.data());
-  cpu::Linear(gate.data(), rows, I, weight("mlp.down_proj.weight"), D, tmp.data());
+  cpu::Linear(gate.data(), rows, I, w.down_proj, D, tmp.data());
   add_into_h(tmp);
 }
 

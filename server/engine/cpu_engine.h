@@ -60,8 +60,19 @@ class CpuEngine : public Engine {
   std::shared_ptr<const Model> model_;
   CpuEngineOptions options_;
   StateLayout layout_;
-  std::vector<float> fresh_state_;          // θ0 from the checkpoint, everything else zero.
-  std::vector<std::vector<float>> tau_;     // Per layer: τ_r = max(0, 1/(r+1) + c_r).
+  // One layer's weights, looked up by name once at construction rather than on every step.
+  struct LayerWeights {
+    const float *conv_norm = nullptr, *conv_w = nullptr, *conv_b = nullptr;  // pre_conv
+    const float *seq_norm, *q_proj, *k_proj = nullptr, *v_proj, *o_proj, *g_proj = nullptr;
+    const float *conv_q_w = nullptr, *conv_q_b = nullptr, *conv_k_w = nullptr, *conv_k_b = nullptr;
+    const float *lr_w, *lr_b, *ttt_norm_w, *ttt_norm_b, *post_norm_w, *post_norm_b;
+    const float *ffn_norm, *gate_proj, *up_proj, *down_proj;
+    std::vector<float> tau;  // τ_r = max(0, 1/(r+1) + c_r).
+  };
+
+  std::vector<float> fresh_state_;  // θ0 from the checkpoint, everything else zero.
+  std::vector<LayerWeights> layers_;
+  const float *embedding_, *final_norm_, *lm_head_;
   std::vector<std::unique_ptr<Sequence>> slots_;  // nullptr: free.
   std::vector<SequenceSlot> free_slots_;
   int64_t live_sequences_ = 0;
