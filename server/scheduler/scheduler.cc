@@ -184,6 +184,7 @@ void Scheduler::Loop() {
       for (auto& active : running_) active->handle->Cancel(FinishReason::kCancelled);
     }
     Step();
+    delivery_.Post(std::exchange(outbox_, {}));
   }
 }
 
@@ -207,12 +208,12 @@ void Scheduler::Finish(Active& active, FinishReason reason, absl::Status status,
   if (absorb_first) {
     active.deliver_finish = std::move(deliver);
   } else {
-    deliver();
+    outbox_.push_back(std::move(deliver));
   }
 }
 
 void Scheduler::ReleaseActive(Active& active) {
-  if (active.deliver_finish) std::exchange(active.deliver_finish, nullptr)();
+  if (active.deliver_finish) outbox_.push_back(std::exchange(active.deliver_finish, nullptr));
   if (active.session != nullptr) {
     active.session->busy = false;
     active.session->last_used = absl::Now();
@@ -491,7 +492,7 @@ void Scheduler::Step() {
       } else if (static_cast<int32_t>(active.output.size()) >= stop.max_new_tokens) {
         Finish(active, FinishReason::kLength, absl::OkStatus(), {token});
       } else {
-        active.handle->Push({token});
+        outbox_.push_back([handle = active.handle, token] { handle->Push({token}); });
       }
     }
   }

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
 #include "server/engine/sampler.h"
+#include "server/scheduler/delivery_thread.h"
 
 namespace ttt {
 
@@ -189,7 +190,10 @@ class Scheduler {
   std::vector<std::unique_ptr<Active>> running_;
   int64_t host_session_bytes_ = 0;
   uint64_t next_session_number_ = 0;
+  // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
+  std::vector<DeliveryThread::Delivery> outbox_;
 
+  DeliveryThread delivery_;  // Outlives the scheduler thread, which posts to it.
   std::thread thread_;
 };
 
