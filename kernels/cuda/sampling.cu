@@ -5,6 +5,7 @@
 // id order: the same rule as the CPU sampler, so both pick the same token for the same seed
 // whenever their kept sets agree.
 #include <cfloat>
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -24,6 +25,17 @@ __device__ float BlockMax(float v, float* scratch) {
   return v;
 }
 
+// The minimum of v over the block; every thread gets it.
+__device__ int BlockMin(int v, int* scratch_int) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (threadIdx.x % kWarp == 0) scratch_int[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  v = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch_int[threadIdx.x % kWarp] : INT_MAX;
+  for (int o = kWarp / 2; o > 0; o /= 2) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // The smallest index holding `target` (the row's maximum), so ties go to the lowest id.
 __device__ int BlockFirstIndexOf(const float* row, int V, float target, int* scratch_int) {
   int best = V;
@@ -33,13 +45,31 @@ __device__ int BlockFirstIndexOf(const float* row, int V, float target, int* scr
       break;
     }
   }
-  for (int o = kWarp / 2; o > 0; o /= 2) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
+  return BlockMin(best, scratch_int);
+}
+
+// The sum of v over the threads before this one (in thread order), and the block's total.
+__device__ float BlockExclusiveScan(float v, float* scratch, float* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  float inclusive = v;
+  for (int o = 1; o < kWarp; o *= 2) {
+    const float before = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += before;
+  }
   __syncthreads();
-  if (threadIdx.x % kWarp == 0) scratch_int[threadIdx.x / kWarp] = best;
+  if (lane == kWarp - 1) scratch[warp] = inclusive;
   __syncthreads();
-  best = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch_int[threadIdx.x % kWarp] : V;
-  for (int o = kWarp / 2; o > 0; o /= 2) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
-  return best;
+  if (warp == 0) {
+    float warp_total = lane < blockDim.x / kWarp ? scratch[lane] : 0.0f;
+    for (int o = 1; o < kWarp; o *= 2) {
+      const float before = __shfl_up_sync(0xffffffffu, warp_total, o);
+      if (lane >= o) warp_total += before;
+    }
+    scratch[lane] = warp_total;  // Inclusive over warps.
+  }
+  __syncthreads();
+  *total = scratch[blockDim.x / kWarp - 1];
+  return (warp > 0 ? scratch[warp - 1] : 0.0f) + inclusive - v;
 }
 
 __device__ uint64_t Mix(uint64_t x) {
@@ -53,7 +83,6 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
                              float* logprobs) {
   __shared__ float scratch[kWarp];
   __shared__ int scratch_int[kWarp];
-  __shared__ float prefix[kThreads];
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
   const SamplingRow p = rows[blockIdx.x];
   float local_max = -FLT_MAX;
@@ -80,7 +109,10 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
         const float mid = 0.5f * (lo + hi);
         float count = 0;
         for (int i = threadIdx.x; i < V; i += blockDim.x) count += score(i) >= mid;
-        if (BlockSum(count, scratch) >= p.top_k) lo = mid; else hi = mid;
+        if (BlockSum(count, scratch) >= p.top_k)
+          lo = mid;
+        else
+          hi = mid;
       }
       threshold = fmaxf(threshold, lo);
     }
@@ -98,7 +130,10 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
       float lo = threshold, hi = 0;  // mass(≥ lo) ≥ top_p · total always.
       for (int step = 0; step < kBisectionSteps; ++step) {
         const float mid = 0.5f * (lo + hi);
-        if (mass_above(mid) >= p.top_p * total) lo = mid; else hi = mid;
+        if (mass_above(mid) >= p.top_p * total)
+          lo = mid;
+        else
+          hi = mid;
       }
       threshold = lo;
     }
@@ -111,23 +146,11 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
       const float s = score(i);
       if (s >= threshold) mine += expf(s);
     }
-    prefix[threadIdx.x] = mine;
-    __syncthreads();
-    if (threadIdx.x == 0) {  // Exclusive scan over the block (1024 adds, once per row).
-      float running = 0;
-      for (int t = 0; t < blockDim.x; ++t) {
-        const float v = prefix[t];
-        prefix[t] = running;
-        running += v;
-      }
-      scratch[0] = running;
-    }
-    __syncthreads();
-    const float kept_total = scratch[0];
+    float kept_total;
+    float running = BlockExclusiveScan(mine, scratch, &kept_total);
     const double u = static_cast<double>(Mix(Mix(p.seed) ^ p.step) >> 11) * 0x1.0p-53;
     const float target = static_cast<float>(u) * kept_total;
     int found = V;
-    float running = prefix[threadIdx.x];
     if (running <= target && target < running + mine) {
       for (int i = begin; i < end; ++i) {
         const float s = score(i);
@@ -139,12 +162,7 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
         }
       }
     }
-    for (int o = kWarp / 2; o > 0; o /= 2) found = min(found, __shfl_xor_sync(0xffffffffu, found, o));
-    __syncthreads();
-    if (threadIdx.x % kWarp == 0) scratch_int[threadIdx.x / kWarp] = found;
-    __syncthreads();
-    found = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch_int[threadIdx.x % kWarp] : V;
-    for (int o = kWarp / 2; o > 0; o /= 2) found = min(found, __shfl_xor_sync(0xffffffffu, found, o));
+    found = BlockMin(found, scratch_int);
     // Rounding can leave the target just past the last kept token: take the most likely one.
     chosen = found < V ? found : BlockFirstIndexOf(row, V, top, scratch_int);
   }
