@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The served path against the engine alone: ttt-server on a random-weight preset, ttt-loadgen
 # with N concurrent streams of T generated tokens over loopback, then ttt-bench's decode at batch
-# N on the same model. Prints both JSON summaries.
-#   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS]
+# N on the same model. Prints both JSON summaries, and where the served time went: the server's
+# engine steps (from its /metrics) and how busy the machine's cores were during the run.
+#   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT]
 set -euo pipefail
 build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((2 * streams))}"
+metrics_port="${6:-9464}"
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
-"$build/server/ttt-server" --model "$work/model" --host 127.0.0.1 --port 0 --metrics-port -1 \
-  --max-sequences $((streams + 16)) --max-waiting $((4 * streams)) 2> "$work/server.log" &
+"$build/server/ttt-server" --model "$work/model" --host 127.0.0.1 --port 0 \
+  --metrics-port "$metrics_port" --max-sequences $((streams + 16)) \
+  --max-waiting $((4 * streams)) 2> "$work/server.log" &
 server=$!
 port=""
 for _ in $(seq 600); do
@@ -22,10 +25,32 @@ done
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
   --requests "$streams" --prompt-tokens fixed:16 --output-tokens fixed:32 --progress=false \
   > /dev/null
+
+# Engine steps inside the server: count and summed seconds of ttt_step_duration_seconds.
+steps() {
+  exec 3<> "/dev/tcp/127.0.0.1/$metrics_port"
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
+  tr -d '\r' <&3 |
+    awk '/^ttt_step_duration_seconds_(count|sum)/ { split($1, n, "{"); t[n[1]] += $2 }
+         END { printf "%d %.6f\n", t["ttt_step_duration_seconds_count"],
+                                   t["ttt_step_duration_seconds_sum"] }'
+  exec 3<&-
+}
+cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
+read -r steps_before seconds_before < <(steps)
+read -r busy_before total_before < <(cpu)
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
   --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
-echo "served: $(cat "$work/served.json" | tr -d '\n ')"
+read -r busy_after total_after < <(cpu)
+read -r steps_after seconds_after < <(steps)
+served=$(tr -d '\n ' < "$work/served.json")
+echo "served: $served"
+awk -v n=$((steps_after - steps_before)) -v s="$seconds_after" -v s0="$seconds_before" \
+  -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
+  -v d="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" \
+  'BEGIN { printf "server: %d engine steps, %.3f ms each inside the scheduler, %.3f ms of wall time each; cores busy %.0f%%\n",
+           n, 1e3 * (s - s0) / n, 1e3 * d / n, 100 * b / t }'
 kill -TERM $server; wait $server || true
 echo "engine: $("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
   --offset 16 --steps 128)"
