@@ -30,6 +30,10 @@ void CausalConv(const float* x, int64_t n, int64_t d, const float* w, const floa
 // Appends x [n, d] to `history`, keeping its last ck−1 rows.
 void AdvanceConvHistory(const float* x, int64_t n, int64_t d, int64_t ck, float* history);
 
+// RoPE's rotation at position p for each pair i < f/2, as the reference computes it (float32
+// frequencies θ^(−2i/f) times the integer position): cos[i], sin[i].
+void RopeCosSin(int64_t p, int64_t f, double theta, float* cos, float* sin);
+
 // Interleaved RoPE in place on x [n, nh·f] (row stride ld), token i at position (start + i) mod K.
 void ApplyRope(float* x, int64_t n, int64_t ld, int64_t nh, int64_t f, int64_t start, int64_t K,
                double theta);
@@ -48,9 +52,9 @@ inline float GeluDerivative(float x) {
 
 // One TTT head's read-only parameters.
 struct TttHeadParams {
-  int64_t f = 0;      // Head size.
-  int64_t f1 = 0;     // Inner hidden width: f (linear) or 4f (mlp).
-  int64_t K = 16;     // Mini-batch size.
+  int64_t f = 0;   // Head size.
+  int64_t f1 = 0;  // Inner hidden width: f (linear) or 4f (mlp).
+  int64_t K = 16;  // Mini-batch size.
   bool mlp = false;
   const float* ln_weight = nullptr;  // [f] inner LayerNorm γ.
   const float* ln_bias = nullptr;    // [f] inner LayerNorm β.

@@ -7,11 +7,11 @@
 // the engine.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
 
 namespace ttt::kernels::cuda {
 
@@ -46,10 +46,6 @@ cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const void* table, 
 cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float eps, void* y,
                     ElementType out_type, cudaStream_t stream);
 
-// Row-wise LayerNorm of x into y (float32), biased variance.
-cudaError_t LayerNorm(const float* x, int rows, int D, const float* weight, const float* bias,
-                      float eps, float* y, cudaStream_t stream);
-
 // Causal depthwise conv over each segment's rows, continuing its sequence's history
 // (history_offset within the layer's state, [ck−1, D]). `row_segment` maps row → segment index.
 // accumulate: y += conv(x), else y = conv(x).
@@ -58,18 +54,43 @@ cudaError_t CausalConv(const float* x, int rows, int D, const float* weight, con
                        StateAddress state, size_t history_offset, float* y, bool accumulate,
                        cudaStream_t stream);
 
-// Appends each segment's rows of x to its history (after every conv reading it has run).
-cudaError_t AdvanceConvHistory(const float* x, int num_segments, int D, int ck,
+// Appends each segment's rows of x (row stride ld) to its history, after every conv reading that
+// history has run.
+cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int D, int ck,
                                const Segment* segments, StateAddress state, size_t history_offset,
                                cudaStream_t stream);
 
-// Interleaved RoPE in place on q and k [rows, nh·f], position (start + i) mod K per segment.
-cudaError_t ApplyRope(float* q, float* k, int rows, int nh, int f, int K, float theta,
-                      const Segment* segments, const int32_t* row_segment, cudaStream_t stream);
+// Decode form of the pre-conv sub-block, for batches whose segments have at most one row each
+// (row b is segment b): h += CausalConv(RMSNorm(h)), the history rewritten in place. Segments
+// with no row (padding) change nothing.
+cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, float eps,
+                          const float* conv_weight, const float* conv_bias, int ck,
+                          const Segment* segments, StateAddress state, size_t history_offset,
+                          cudaStream_t stream);
 
-// lr [rows, nh] = base_lr · sigmoid(lr + bias[h]) / f, in place.
-cudaError_t InnerLearningRate(float* lr, int rows, int nh, const float* bias, float base_lr,
-                              int f, cudaStream_t stream);
+// Where the TTT layer's inputs sit in a row of the fused input projection
+// [rows, ld] = x · [W_q; W_k; W_v; W_g; w_lr]ᵀ.
+struct ProjectionColumns {
+  int64_t ld;
+  int q, k, v, g, lr;  // k < 0: share_qk (q and k are two convs of block q); g < 0: no gate.
+};
+
+struct QkConv {  // share_qk: the two causal convs over the shared stream and its history.
+  const float *q_weight, *q_bias, *k_weight, *k_bias;
+  int ck;
+  size_t history_offset;
+};
+
+// Reads a batch's fused projection and writes the TTT scan's inputs (spec §3.2–3.4): q and k
+// (through the convs when share_qk, then RoPE at (start + i) mod K from `rope` [K, f/2] of
+// (cos, sin)), v, and lr [rows, nh] = base_lr · sigmoid(x·w_lr + bias) / f.
+// rewrite_history (only for batches of at most one row per segment): the q/k conv history is
+// advanced in place; otherwise the caller advances it afterwards.
+cudaError_t PrepareTttInputs(const float* proj, ProjectionColumns columns, int rows, int nh, int f,
+                             int K, const float2* rope, const QkConv* conv, const float* lr_bias,
+                             float base_lr, const Segment* segments, const int32_t* row_segment,
+                             StateAddress state, bool rewrite_history, float* q, float* k, float* v,
+                             float* lr, cudaStream_t stream);
 
 struct TttScanParams {
   int nh, f, f1, K;
@@ -82,20 +103,21 @@ struct TttScanParams {
 
 // The TTT inner loop (spec §3.6, §4) for every (segment, head): gradients at θ0, dual-form
 // outputs, θ0 committed after each window's last token. q, k, v, out: [rows, nh·f]; lr [rows, nh].
-cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,
-                    const float* q, const float* k, const float* v, const float* lr,
-                    StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream);
+// one_token_each: no segment has more than one row (a decode step), which has a faster kernel.
+cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segment* segments,
+                    int num_segments, const float* q, const float* k, const float* v,
+                    const float* lr, StateAddress state, TttStateOffsets offsets, float* out,
+                    cudaStream_t stream);
 
-// y = gelu(gate) ⊙ y, written to out (float or bf16).
-cudaError_t GeluGate(const float* gate, const float* y, int64_t n, void* out, ElementType out_type,
-                     cudaStream_t stream);
+// The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
+// times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`.
+cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
+                         float eps, const float* gate, int64_t gate_ld, void* y,
+                         ElementType out_type, cudaStream_t stream);
 
-// out = silu(gate) ⊙ up (float or bf16).
-cudaError_t SwiGlu(const float* gate, const float* up, int64_t n, void* out, ElementType out_type,
+// out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I] = [gate | up].
+cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
                    cudaStream_t stream);
-
-// h += delta, elementwise.
-cudaError_t AddInPlace(float* h, const float* delta, int64_t n, cudaStream_t stream);
 
 // out[i, :] = x[rows[i], :].
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,
@@ -108,7 +130,7 @@ struct SamplingRow {
   float top_p;
   float min_p;
   uint64_t seed;
-  uint64_t step;      // Draw counter: the sequence's length when the token is chosen.
+  uint64_t step;  // Draw counter: the sequence's length when the token is chosen.
 };
 
 // ids[r], logprobs[r]: the token chosen from logits row r [rows, V] and its raw log-softmax.

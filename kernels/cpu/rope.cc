@@ -5,20 +5,20 @@
 
 namespace ttt::kernels::cpu {
 
+void RopeCosSin(int64_t p, int64_t f, double theta, float* cos, float* sin) {
+  for (int64_t i = 0; i < f / 2; ++i) {
+    const float omega = static_cast<float>(1.0 / std::pow(theta, double(2 * i) / double(f)));
+    const float angle = static_cast<float>(p) * omega;
+    cos[i] = std::cos(angle);
+    sin[i] = std::sin(angle);
+  }
+}
+
 void ApplyRope(float* x, int64_t n, int64_t ld, int64_t nh, int64_t f, int64_t start, int64_t K,
                double theta) {
-  // As the reference computes them: float32 frequencies times the integer position.
-  std::vector<float> omega(f / 2), cos_table(f / 2), sin_table(f / 2);
-  for (int64_t i = 0; i < f / 2; ++i) {
-    omega[i] = static_cast<float>(1.0 / std::pow(theta, double(2 * i) / double(f)));
-  }
+  std::vector<float> cos_table(f / 2), sin_table(f / 2);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t p = (start + t) % K;
-    for (int64_t i = 0; i < f / 2; ++i) {
-      const float angle = static_cast<float>(p) * omega[i];
-      cos_table[i] = std::cos(angle);
-      sin_table[i] = std::sin(angle);
-    }
+    RopeCosSin((start + t) % K, f, theta, cos_table.data(), sin_table.data());
     float* row = x + t * ld;
     for (int64_t h = 0; h < nh; ++h) {
       float* head = row + h * f;

@@ -10,7 +10,8 @@ namespace ttt::kernels::cuda {
 inline constexpr int kWarp = 32;
 
 __device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 
@@ -45,7 +46,8 @@ __device__ __forceinline__ void Store(void* out, int64_t i, float v, ElementType
 }
 
 __device__ __forceinline__ float Load(const void* in, int64_t i, ElementType type) {
-  if (type == ElementType::kBFloat16) return __bfloat162float(static_cast<const __nv_bfloat16*>(in)[i]);
+  if (type == ElementType::kBFloat16)
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(in)[i]);
   return static_cast<const float*>(in)[i];
 }
 
@@ -54,5 +56,16 @@ __device__ __forceinline__ float* SequenceState(const StateAddress& state, int s
 }
 
 inline int RoundUpToWarp(int n) { return (n + kWarp - 1) / kWarp * kWarp; }
+
+// Row-per-block kernels hold their row in registers: thread t has elements t + m·blockDim.x for
+// m < kRowSlice, so each row is read once, with every load issued before the reduction waits.
+inline constexpr int kRowSlice = 8;
+inline constexpr int kMaxRowWidth = 1024 * kRowSlice;
+
+// Threads per block for rows of width D: about four elements each.
+inline int RowThreads(int D) {
+  const int threads = RoundUpToWarp((D + 3) / 4);
+  return threads < 1024 ? threads : 1024;
+}
 
 }  // namespace ttt::kernels::cuda

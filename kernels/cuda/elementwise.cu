@@ -1,4 +1,4 @@
-// Embedding lookup, activations, residual adds, row gathers and conversions.
+// Embedding lookup, the feed-forward activation, row gathers and conversions.
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
@@ -15,21 +15,13 @@ __global__ void EmbeddingGatherKernel(const int32_t* tokens, const void* table, 
   for (int i = threadIdx.x; i < D; i += blockDim.x) h[row * D + i] = Load(table, base + i, type);
 }
 
-__global__ void GeluGateKernel(const float* gate, const float* y, int64_t n, void* out,
-                               ElementType out_type) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) Store(out, i, Gelu(gate[i]) * y[i], out_type);
-}
-
-__global__ void SwiGluKernel(const float* gate, const float* up, int64_t n, void* out,
+__global__ void SwiGluKernel(const float* gate_up, int64_t n, int I, void* out,
                              ElementType out_type) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) Store(out, i, gate[i] / (1.0f + expf(-gate[i])) * up[i], out_type);
-}
-
-__global__ void AddKernel(float* h, const float* delta, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) h[i] += delta[i];
+  if (i >= n) return;
+  const int64_t row = i / I, col = i % I;
+  const float gate = gate_up[row * 2 * I + col], up = gate_up[row * 2 * I + I + col];
+  Store(out, i, gate / (1.0f + expf(-gate)) * up, out_type);
 }
 
 __global__ void GatherRowsKernel(const float* x, const int32_t* rows, int D, float* out) {
@@ -51,23 +43,11 @@ cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const void* table, 
   return cudaGetLastError();
 }
 
-cudaError_t GeluGate(const float* gate, const float* y, int64_t n, void* out, ElementType out_type,
-                     cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  GeluGateKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, y, n, out, out_type);
-  return cudaGetLastError();
-}
-
-cudaError_t SwiGlu(const float* gate, const float* up, int64_t n, void* out, ElementType out_type,
+cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
                    cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(rows) * I;
   if (n == 0) return cudaSuccess;
-  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, out, out_type);
-  return cudaGetLastError();
-}
-
-cudaError_t AddInPlace(float* h, const float* delta, int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(h, delta, n);
+  SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate_up, n, I, out, out_type);
   return cudaGetLastError();
 }
 

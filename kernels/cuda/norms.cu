@@ -1,49 +1,78 @@
+// Row-wise normalisations: RMSNorm, and the TTT layer's output LayerNorm with its gate.
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-__global__ void RmsNormKernel(const float* x, int D, const float* w, float eps, void* y,
-                              ElementType out_type) {
+__global__ void __launch_bounds__(1024)
+    RmsNormKernel(const float* x, int D, const float* w, float eps, void* y, ElementType out_type) {
   __shared__ float scratch[kWarp];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * D;
-  float sum = 0;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) sum += row[i] * row[i];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
+  float v[kRowSlice], gain[kRowSlice], sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    v[m] = i < D ? x[base + i] : 0.0f;
+    gain[m] = i < D ? w[i] : 0.0f;
+    sum += v[m] * v[m];
+  }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
-  for (int i = threadIdx.x; i < D; i += blockDim.x) {
-    Store(y, static_cast<int64_t>(blockIdx.x) * D + i, row[i] * inv_rms * w[i], out_type);
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    if (i < D) Store(y, base + i, v[m] * inv_rms * gain[m], out_type);
   }
 }
 
-__global__ void LayerNormKernel(const float* x, int D, const float* w, const float* b, float eps,
-                                float* y) {
+__global__ void __launch_bounds__(1024)
+    PostNormGateKernel(const float* x, int D, const float* w, const float* b, float eps,
+                       const float* gate, int64_t gate_ld, void* y, ElementType out_type) {
   __shared__ float scratch[kWarp];
-  const float* row = x + static_cast<int64_t>(blockIdx.x) * D;
-  float sum = 0;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) sum += row[i];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
+  const float* gate_row = gate + static_cast<int64_t>(blockIdx.x) * gate_ld;
+  float v[kRowSlice], gated[kRowSlice], sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    v[m] = i < D ? x[base + i] : 0.0f;
+    gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
+    sum += v[m];
+  }
   const float mean = BlockSum(sum, scratch) / D;
-  float sq = 0;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) sq += (row[i] - mean) * (row[i] - mean);
-  const float inv_std = rsqrtf(BlockSum(sq, scratch) / D + eps);
-  float* out = y + static_cast<int64_t>(blockIdx.x) * D;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) out[i] = (row[i] - mean) * inv_std * w[i] + b[i];
+  float squares = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    if (i < D) squares += (v[m] - mean) * (v[m] - mean);
+  }
+  const float inv_std = rsqrtf(BlockSum(squares, scratch) / D + eps);
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    if (i < D) {
+      const float normed = (v[m] - mean) * inv_std * w[i] + b[i];
+      Store(y, base + i, gate != nullptr ? gated[m] * normed : normed, out_type);
+    }
+  }
 }
 
 }  // namespace
 
 cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float eps, void* y,
                     ElementType out_type, cudaStream_t stream) {
+  if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  RmsNormKernel<<<rows, kThreads, 0, stream>>>(x, D, weight, eps, y, out_type);
+  RmsNormKernel<<<rows, RowThreads(D), 0, stream>>>(x, D, weight, eps, y, out_type);
   return cudaGetLastError();
 }
 
-cudaError_t LayerNorm(const float* x, int rows, int D, const float* weight, const float* bias,
-                      float eps, float* y, cudaStream_t stream) {
+cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
+                         float eps, const float* gate, int64_t gate_ld, void* y,
+                         ElementType out_type, cudaStream_t stream) {
+  if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  LayerNormKernel<<<rows, kThreads, 0, stream>>>(x, D, weight, bias, eps, y);
+  PostNormGateKernel<<<rows, RowThreads(D), 0, stream>>>(x, D, weight, bias, eps, gate, gate_ld, y,
+                                                         out_type);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu_ops.h"
 #include "kernels/cuda_ops.h"
 #include "server/engine/state_codec.h"
 #include "server/engine/state_layout.h"
@@ -25,8 +26,8 @@ absl::Status CudaStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
   const auto code = error == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
                                                        : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat("CUDA error in ", AbslView(what), ": ",
-                                         cudaGetErrorString(error)));
+  return absl::Status(
+      code, absl::StrCat("CUDA error in ", AbslView(what), ": ", cudaGetErrorString(error)));
 }
 
 absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
@@ -124,22 +125,19 @@ class DecodeGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// GEMM operands (weights and the activations fed to them) are in the weight precision. The
+// projections that read the same input are stacked into one weight, one GEMM each:
+// in_proj = [W_q; W_k; W_v; W_g; w_lr] (k and g when the model has them; see
+// ProjectionColumns) and gate_up = [W_gate; W_up].
 struct LayerWeights {
   const float *conv_norm = nullptr, *conv_w = nullptr, *conv_b = nullptr;  // pre_conv
   const float* seq_norm = nullptr;
-  const void *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *o_proj = nullptr,
-             *g_proj = nullptr, *lr_w = nullptr;
+  const void *in_proj = nullptr, *o_proj = nullptr;
   const float *conv_q_w = nullptr, *conv_q_b = nullptr, *conv_k_w = nullptr, *conv_k_b = nullptr;
   const float *lr_b = nullptr, *tau = nullptr, *ttt_norm_w = nullptr, *ttt_norm_b = nullptr;
   const float *post_norm_w = nullptr, *post_norm_b = nullptr, *ffn_norm = nullptr;
-  const void *gate_proj = nullptr, *up_proj = nullptr, *down_proj = nullptr;
+  const void *gate_up = nullptr, *down_proj = nullptr;
 };
-
-// GEMM operands (weights and the activations fed to them) are in the weight precision.
-bool IsGemmWeight(std::string_view name) {
-  return name.ends_with("proj.weight") || name == "lm_head.weight" ||
-         name == "model.embed_tokens.weight" || name.ends_with("learnable_ttt_lr_weight");
-}
 
 class CudaEngine : public Engine {
  public:
@@ -190,7 +188,14 @@ class CudaEngine : public Engine {
     return pool_.get<float>() + static_cast<size_t>(slot) * layout_.total_floats();
   }
 
+  // Copies host memory to the device, ordered with (and waiting for) the engine's stream: the
+  // stream is non-blocking, so a plain cudaMemcpy, which from pageable memory may return before
+  // the data has landed, is not ordered with the kernels that read it.
+  absl::Status CopyToDevice(void* device, const void* host, size_t bytes);
   absl::Status UploadWeights();
+  // Uploads float32 values as they are, or GEMM weights in the weight precision.
+  absl::StatusOr<const float*> UploadFloats(std::span<const float> values);
+  absl::StatusOr<const void*> UploadGemmWeight(std::span<const float> values);
   absl::Status CheckSlot(SequenceSlot slot, std::string_view field) const;
   absl::StatusOr<SequenceSlot> TakeSlot();
   absl::Status Validate(std::span<const SequenceChunk> batch, LogitsFor which) const;
@@ -201,8 +206,9 @@ class CudaEngine : public Engine {
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
   // `sample`, the tokens chosen from them. Enqueues only: safe to capture in a graph.
+  // one_token_each: no segment has more than one row (a decode step: faster kernels).
   absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows, bool gather,
-                              bool sample);
+                              bool sample, bool one_token_each);
   // Forward (tokens == nullptr) or ForwardAndSample, inputs already validated.
   absl::Status Run(std::span<const SequenceChunk> batch, LogitsFor which,
                    std::span<const SamplingParams> sampling, std::vector<float>* logits,
@@ -219,7 +225,7 @@ class CudaEngine : public Engine {
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in].
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
-  absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments);
+  absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
 
   std::shared_ptr<const Model> model_;
   CudaEngineOptions options_;
@@ -232,6 +238,8 @@ class CudaEngine : public Engine {
   const void* embedding_ = nullptr;
   const void* lm_head_ = nullptr;
   const float* final_norm_ = nullptr;
+  cu::ProjectionColumns columns_{};  // Of in_proj's output.
+  const float2* rope_ = nullptr;     // [K, f/2] (cos, sin) by position in the mini-batch.
 
   DeviceBuffer pool_;         // capacity_ slots of layout_.total_floats() floats.
   DeviceBuffer fresh_state_;  // θ0 from the checkpoint, everything else zero.
@@ -242,8 +250,8 @@ class CudaEngine : public Engine {
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
     DeviceBuffer tokens, row_segment, segments, out_rows;
-    DeviceBuffer h, x, a, q, k, v, lr, ttt_out, y, gate, y_gemm, conv_in;
-    DeviceBuffer ffn_gate, ffn_up, ffn_act, final_rows, final_in, logits;
+    DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
+    DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
     // Host staging of the batch description and the logits.
     PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_logits;
     // Sampling: parameters in, chosen ids and log-probs out.
@@ -282,8 +290,7 @@ absl::Status CudaEngine::Initialize() {
 
   const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
   TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
-  TTT_CUDA(cudaMemcpy(fresh_state_.get(), fresh.data(), layout_.total_bytes(),
-                      cudaMemcpyHostToDevice));
+  TTT_RETURN_IF_ERROR(CopyToDevice(fresh_state_.get(), fresh.data(), layout_.total_bytes()));
 
   // The state pool.
   size_t free_bytes = 0, total_bytes = 0;
@@ -307,72 +314,116 @@ absl::Status CudaEngine::Initialize() {
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::CopyToDevice(void* device, const void* host, size_t bytes) {
+  TTT_CUDA(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> CudaEngine::UploadFloats(std::span<const float> values) {
+  DeviceBuffer& buffer = weight_buffers_.emplace_back();
+  TTT_RETURN_IF_ERROR(buffer.Reserve(values.size_bytes()));
+  TTT_RETURN_IF_ERROR(CopyToDevice(buffer.get(), values.data(), values.size_bytes()));
+  return buffer.get<const float>();
+}
+
+absl::StatusOr<const void*> CudaEngine::UploadGemmWeight(std::span<const float> values) {
+  if (options_.precision == WeightPrecision::kFloat32) return UploadFloats(values);
+  DeviceBuffer staging;
+  TTT_RETURN_IF_ERROR(staging.Reserve(values.size_bytes()));
+  TTT_RETURN_IF_ERROR(CopyToDevice(staging.get(), values.data(), values.size_bytes()));
+  DeviceBuffer& buffer = weight_buffers_.emplace_back();
+  TTT_RETURN_IF_ERROR(buffer.Reserve(values.size() * 2));
+  TTT_CUDA(cu::ConvertToBFloat16(staging.get<float>(), values.size(), buffer.get<__nv_bfloat16>(),
+                                 stream_));
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  return buffer.get();
+}
+
 absl::Status CudaEngine::UploadWeights() {
   const ModelConfig& c = model_->config;
-  std::map<std::string, const void*, std::less<>> device;
-  DeviceBuffer staging;
-  for (const TensorSpec& spec : ExpectedTensors(c)) {
-    std::span<const float> values = model_->weights.Get(spec.name);
-    const bool gemm = IsGemmWeight(spec.name);
-    DeviceBuffer& buffer = weight_buffers_.emplace_back();
-    if (gemm && options_.precision == WeightPrecision::kBFloat16) {
-      TTT_RETURN_IF_ERROR(staging.Reserve(values.size_bytes()));
-      TTT_CUDA(cudaMemcpy(staging.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
-      TTT_RETURN_IF_ERROR(buffer.Reserve(values.size() * 2));
-      TTT_CUDA(cu::ConvertToBFloat16(staging.get<float>(), values.size(),
-                                     buffer.get<__nv_bfloat16>(), stream_));
-      TTT_CUDA(cudaStreamSynchronize(stream_));
-    } else {
-      TTT_RETURN_IF_ERROR(buffer.Reserve(values.size_bytes()));
-      TTT_CUDA(cudaMemcpy(buffer.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice));
-    }
-    device[spec.name] = buffer.get();
+  const ModelWeights& weights = model_->weights;
+  const int64_t D = c.hidden_size;
+  TTT_ASSIGN_OR_RETURN(embedding_, UploadGemmWeight(weights.Get("model.embed_tokens.weight")));
+  lm_head_ = embedding_;
+  if (!c.tie_word_embeddings) {
+    TTT_ASSIGN_OR_RETURN(lm_head_, UploadGemmWeight(weights.Get("lm_head.weight")));
   }
-  auto get = [&](const std::string& name) { return device.at(name); };
-  auto getf = [&](const std::string& name) { return static_cast<const float*>(device.at(name)); };
-  embedding_ = get("model.embed_tokens.weight");
-  lm_head_ = c.tie_word_embeddings ? embedding_ : get("lm_head.weight");
-  final_norm_ = getf("model.norm.weight");
+  TTT_ASSIGN_OR_RETURN(final_norm_, UploadFloats(weights.Get("model.norm.weight")));
+
+  // The fused input projection's column blocks, in the order they are stacked.
+  int column = 0;
+  auto block = [&column](int64_t width) {
+    const int start = column;
+    column += static_cast<int>(width);
+    return start;
+  };
+  columns_.q = block(D);
+  columns_.k = c.share_qk ? -1 : block(D);
+  columns_.v = block(D);
+  columns_.g = c.use_gate ? block(D) : -1;
+  columns_.lr = block(c.num_attention_heads);
+  // Rounded up to a multiple of 64 (zero rows in the weight): cuBLAS picks much slower kernels
+  // for an odd output width such as 3·768 + 12.
+  constexpr int kWidthMultiple = 64;
+  columns_.ld = (column + kWidthMultiple - 1) / kWidthMultiple * kWidthMultiple;
+
+  // RoPE's (cos, sin) by position in the mini-batch, as the CPU engine computes them.
+  const int64_t f = c.head_dim(), K = c.mini_batch_size;
+  std::vector<float> rope(K * f), cos(f / 2), sin(f / 2);
+  for (int64_t p = 0; p < K; ++p) {
+    kernels::cpu::RopeCosSin(p, f, c.rope_theta, cos.data(), sin.data());
+    for (int64_t i = 0; i < f / 2; ++i) {
+      rope[(p * f / 2 + i) * 2] = cos[i];
+      rope[(p * f / 2 + i) * 2 + 1] = sin[i];
+    }
+  }
+  TTT_ASSIGN_OR_RETURN(const float* rope_table, UploadFloats(rope));
+  rope_ = reinterpret_cast<const float2*>(rope_table);
+
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto name = [&](std::string_view suffix) { return LayerTensorName(i, suffix); };
+    auto layer = [&](std::string_view suffix) { return weights.Get(LayerTensorName(i, suffix)); };
     auto ttt = [&](std::string_view suffix) {
-      return LayerTensorName(i, absl::StrCat(kTttBlock, AbslView(suffix)));
+      return weights.Get(LayerTensorName(i, absl::StrCat(kTttBlock, AbslView(suffix))));
+    };
+    auto stacked = [](const std::vector<std::span<const float>>& parts) {
+      std::vector<float> all;
+      for (std::span<const float> part : parts) all.insert(all.end(), part.begin(), part.end());
+      return all;
     };
     LayerWeights& w = layers_.emplace_back();
     if (c.pre_conv) {
-      w.conv_norm = getf(name("conv.norm.weight"));
-      w.conv_w = getf(name("conv.conv.weight"));
-      w.conv_b = getf(name("conv.conv.bias"));
+      TTT_ASSIGN_OR_RETURN(w.conv_norm, UploadFloats(layer("conv.norm.weight")));
+      TTT_ASSIGN_OR_RETURN(w.conv_w, UploadFloats(layer("conv.conv.weight")));
+      TTT_ASSIGN_OR_RETURN(w.conv_b, UploadFloats(layer("conv.conv.bias")));
     }
-    w.seq_norm = getf(name("seq_norm.weight"));
-    w.q_proj = get(ttt("q_proj.weight"));
+    TTT_ASSIGN_OR_RETURN(w.seq_norm, UploadFloats(layer("seq_norm.weight")));
+    std::vector<std::span<const float>> in_parts = {ttt("q_proj.weight")};
+    if (!c.share_qk) in_parts.push_back(ttt("k_proj.weight"));
+    in_parts.push_back(ttt("v_proj.weight"));
+    if (c.use_gate) in_parts.push_back(ttt("g_proj.weight"));
+    in_parts.push_back(ttt("learnable_ttt_lr_weight"));
+    const std::vector<float> padding((columns_.ld - columns_.lr - c.num_attention_heads) * D, 0.0f);
+    in_parts.push_back(padding);
+    TTT_ASSIGN_OR_RETURN(w.in_proj, UploadGemmWeight(stacked(in_parts)));
     if (c.share_qk) {
-      w.conv_q_w = getf(ttt("conv_q.weight"));
-      w.conv_q_b = getf(ttt("conv_q.bias"));
-      w.conv_k_w = getf(ttt("conv_k.weight"));
-      w.conv_k_b = getf(ttt("conv_k.bias"));
-    } else {
-      w.k_proj = get(ttt("k_proj.weight"));
+      TTT_ASSIGN_OR_RETURN(w.conv_q_w, UploadFloats(ttt("conv_q.weight")));
+      TTT_ASSIGN_OR_RETURN(w.conv_q_b, UploadFloats(ttt("conv_q.bias")));
+      TTT_ASSIGN_OR_RETURN(w.conv_k_w, UploadFloats(ttt("conv_k.weight")));
+      TTT_ASSIGN_OR_RETURN(w.conv_k_b, UploadFloats(ttt("conv_k.bias")));
     }
-    w.v_proj = get(ttt("v_proj.weight"));
-    w.o_proj = get(ttt("o_proj.weight"));
-    if (c.use_gate) w.g_proj = get(ttt("g_proj.weight"));
-    w.lr_w = get(ttt("learnable_ttt_lr_weight"));
-    w.lr_b = getf(ttt("learnable_ttt_lr_bias"));
-    w.ttt_norm_w = getf(ttt("ttt_norm_weight"));
-    w.ttt_norm_b = getf(ttt("ttt_norm_bias"));
-    w.post_norm_w = getf(ttt("post_norm.weight"));
-    w.post_norm_b = getf(ttt("post_norm.bias"));
-    w.ffn_norm = getf(name("ffn_norm.weight"));
-    w.gate_proj = get(name("mlp.gate_proj.weight"));
-    w.up_proj = get(name("mlp.up_proj.weight"));
-    w.down_proj = get(name("mlp.down_proj.weight"));
-    const std::vector<float> tau = WindowStepScales(c, model_->weights, i);
-    DeviceBuffer& tau_buffer = weight_buffers_.emplace_back();
-    TTT_RETURN_IF_ERROR(tau_buffer.Reserve(tau.size() * sizeof(float)));
-    TTT_CUDA(cudaMemcpy(tau_buffer.get(), tau.data(), tau.size() * sizeof(float),
-                        cudaMemcpyHostToDevice));
-    w.tau = tau_buffer.get<float>();
+    TTT_ASSIGN_OR_RETURN(w.o_proj, UploadGemmWeight(ttt("o_proj.weight")));
+    TTT_ASSIGN_OR_RETURN(w.lr_b, UploadFloats(ttt("learnable_ttt_lr_bias")));
+    TTT_ASSIGN_OR_RETURN(w.ttt_norm_w, UploadFloats(ttt("ttt_norm_weight")));
+    TTT_ASSIGN_OR_RETURN(w.ttt_norm_b, UploadFloats(ttt("ttt_norm_bias")));
+    TTT_ASSIGN_OR_RETURN(w.post_norm_w, UploadFloats(ttt("post_norm.weight")));
+    TTT_ASSIGN_OR_RETURN(w.post_norm_b, UploadFloats(ttt("post_norm.bias")));
+    TTT_ASSIGN_OR_RETURN(w.ffn_norm, UploadFloats(layer("ffn_norm.weight")));
+    TTT_ASSIGN_OR_RETURN(
+        w.gate_up,
+        UploadGemmWeight(stacked({layer("mlp.gate_proj.weight"), layer("mlp.up_proj.weight")})));
+    TTT_ASSIGN_OR_RETURN(w.down_proj, UploadGemmWeight(layer("mlp.down_proj.weight")));
+    TTT_ASSIGN_OR_RETURN(w.tau, UploadFloats(WindowStepScales(c, model_->weights, i)));
   }
   return absl::OkStatus();
 }
@@ -433,13 +484,12 @@ absl::StatusOr<std::string> CudaEngine::SaveSequence(SequenceSlot slot) const {
 }
 
 absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes) {
-  TTT_ASSIGN_OR_RETURN(DecodedState decoded,
-                       DecodeState(bytes, {model_->weights.fingerprint(), model_->name},
-                                   layout_.total_floats()));
+  TTT_ASSIGN_OR_RETURN(
+      DecodedState decoded,
+      DecodeState(bytes, {model_->weights.fingerprint(), model_->name}, layout_.total_floats()));
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
-  const absl::Status copied = CudaStatus(
-      cudaMemcpy(slot_state(slot), decoded.state.data(), layout_.total_bytes(), cudaMemcpyHostToDevice),
-      "restoring a state");
+  const absl::Status copied =
+      CopyToDevice(slot_state(slot), decoded.state.data(), layout_.total_bytes());
   if (!copied.ok()) {
     ReleaseSequence(slot).IgnoreError();
     return copied;
@@ -449,10 +499,9 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
 }
 
 absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
-  return ValidateBatch(batch, which, model_->config.vocab_size,
-                       [this](SequenceSlot slot, std::string_view field) {
-                         return CheckSlot(slot, field);
-                       });
+  return ValidateBatch(
+      batch, which, model_->config.vocab_size,
+      [this](SequenceSlot slot, std::string_view field) { return CheckSlot(slot, field); });
 }
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {
@@ -470,13 +519,13 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.row_segment, R * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.segments, S * sizeof(cu::Segment)));
   TTT_RETURN_IF_ERROR(reserve(s.out_rows, L * sizeof(int32_t)));
-  for (DeviceBuffer* b : {&s.h, &s.a, &s.q, &s.k, &s.v, &s.ttt_out, &s.y, &s.gate, &s.conv_in}) {
+  for (DeviceBuffer* b : {&s.h, &s.q, &s.k, &s.v, &s.ttt_out, &s.conv_in}) {
     TTT_RETURN_IF_ERROR(reserve(*b, R * D * f4));
   }
   for (DeviceBuffer* b : {&s.x, &s.y_gemm}) TTT_RETURN_IF_ERROR(reserve(*b, R * D * g));
+  TTT_RETURN_IF_ERROR(reserve(s.proj, R * columns_.ld * f4));
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.ffn_gate, R * I * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.ffn_up, R * I * f4));
+  TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
   TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
@@ -610,7 +659,8 @@ absl::Status CudaEngine::Run(std::span<const SequenceChunk> batch, LogitsFor whi
     if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
   }
   TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
-  TTT_RETURN_IF_ERROR(EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample));
+  TTT_RETURN_IF_ERROR(
+      EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample, one_token_each));
   TTT_CUDA(cudaStreamSynchronize(stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
   if (logit_rows > 0) CollectOutputs(logit_rows, logits, tokens);
@@ -619,8 +669,7 @@ absl::Status CudaEngine::Run(std::span<const SequenceChunk> batch, LogitsFor whi
 
 absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
                                     std::span<const SamplingParams> sampling,
-                                    std::vector<float>* logits,
-                                    std::vector<SampledToken>* tokens) {
+                                    std::vector<float>* logits, std::vector<SampledToken>* tokens) {
   const bool sample = tokens != nullptr;
   const int64_t n = batch.size();
   // Buckets are powers of two; the rows past the batch are idle segments (count 0) that read a
@@ -646,7 +695,8 @@ absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
   if (graph == nullptr) {
     auto captured = std::make_unique<DecodeGraph>();
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample);
+    const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample,
+                                                 /*one_token_each=*/true);
     const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
     TTT_RETURN_IF_ERROR(enqueued);
     TTT_CUDA(ended);
@@ -661,14 +711,14 @@ absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
 }
 
 absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows,
-                                        bool gather, bool sample) {
+                                        bool gather, bool sample, bool one_token_each) {
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   Scratch& s = scratch_;
   TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, embedding_, gemm_type(), D,
                                s.h.get<float>(), stream_));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments));
+    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, one_token_each));
   }
   if (logit_rows == 0) return absl::OkStatus();
   const float* final_rows = s.h.get<float>();
@@ -682,9 +732,9 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   TTT_RETURN_IF_ERROR(
       Gemm(s.final_in.get(), logit_rows, D, lm_head_, V, s.logits.get<float>(), false));
   if (sample) {
-    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V, s.sampling.get<cu::SamplingRow>(),
-                              s.sampled_ids.get<int32_t>(), s.sampled_logprobs.get<float>(),
-                              stream_));
+    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V,
+                              s.sampling.get<cu::SamplingRow>(), s.sampled_ids.get<int32_t>(),
+                              s.sampled_logprobs.get<float>(), stream_));
     TTT_CUDA(cudaMemcpyAsync(s.host_sampled_ids.get<int32_t>(), s.sampled_ids.get(),
                              logit_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     TTT_CUDA(cudaMemcpyAsync(s.host_sampled_logprobs.get<float>(), s.sampled_logprobs.get(),
@@ -696,7 +746,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments) {
+absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
+                                      bool one_token_each) {
   const ModelConfig& c = model_->config;
   const LayerWeights& w = layers_[layer];
   const int D = c.hidden_size, I = c.intermediate_size, nh = c.num_attention_heads;
@@ -709,38 +760,40 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                layout_.layer_offset(layer)};
   float* h = s.h.get<float>();
 
-  if (c.pre_conv) {
+  if (c.pre_conv && one_token_each) {
+    TTT_CUDA(cu::PreConvDecode(h, rows, D, w.conv_norm, rms_eps, w.conv_w, w.conv_b, ck, segments,
+                               state, layout_.conv_pre, stream_));
+  } else if (c.pre_conv) {
     float* normed = s.conv_in.get<float>();
-    TTT_CUDA(cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
+    TTT_CUDA(
+        cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
     TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
                             layout_.conv_pre, h, /*accumulate=*/true, stream_));
-    TTT_CUDA(cu::AdvanceConvHistory(normed, num_segments, D, ck, segments, state, layout_.conv_pre,
-                                    stream_));
+    TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
+                                    layout_.conv_pre, stream_));
   }
 
-  // The TTT layer's inputs (spec §3.2–3.4).
+  // The TTT layer's inputs (spec §3.2–3.4): one GEMM for every projection of x, then one kernel
+  // for the convs, RoPE and the step sizes.
   TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
+  float* proj = s.proj.get<float>();
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
   float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
-  if (c.share_qk) {
-    float* a = s.a.get<float>();
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.q_proj, D, a, false));
-    TTT_CUDA(cu::CausalConv(a, rows, D, w.conv_q_w, w.conv_q_b, ck, segments, row_segment, state,
-                            layout_.conv_qk, q, false, stream_));
-    TTT_CUDA(cu::CausalConv(a, rows, D, w.conv_k_w, w.conv_k_b, ck, segments, row_segment, state,
-                            layout_.conv_qk, k, false, stream_));
-    TTT_CUDA(cu::AdvanceConvHistory(a, num_segments, D, ck, segments, state, layout_.conv_qk,
-                                    stream_));
-  } else {
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.q_proj, D, q, false));
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.k_proj, D, k, false));
-  }
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.v_proj, D, v, false));
-  TTT_CUDA(cu::ApplyRope(q, k, rows, nh, f, c.mini_batch_size, static_cast<float>(c.rope_theta),
-                         segments, row_segment, stream_));
   float* lr = s.lr.get<float>();
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.lr_w, nh, lr, false));
-  TTT_CUDA(cu::InnerLearningRate(lr, rows, nh, w.lr_b, static_cast<float>(c.ttt_base_lr), f,
-                                 stream_));
+  const cu::QkConv qk_conv{.q_weight = w.conv_q_w,
+                           .q_bias = w.conv_q_b,
+                           .k_weight = w.conv_k_w,
+                           .k_bias = w.conv_k_b,
+                           .ck = ck,
+                           .history_offset = layout_.conv_qk};
+  TTT_CUDA(cu::PrepareTttInputs(proj, columns_, rows, nh, f, c.mini_batch_size, rope_,
+                                c.share_qk ? &qk_conv : nullptr, w.lr_b,
+                                static_cast<float>(c.ttt_base_lr), segments, row_segment, state,
+                                /*rewrite_history=*/one_token_each, q, k, v, lr, stream_));
+  if (c.share_qk && !one_token_each) {
+    TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck, segments,
+                                    state, layout_.conv_qk, stream_));
+  }
 
   const cu::TttScanParams params{.nh = nh,
                                  .f = f,
@@ -755,30 +808,19 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                     layout_.b2,         layout_.pending_k,  layout_.pending_g1,
                                     layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
   float* ttt_out = s.ttt_out.get<float>();
-  TTT_CUDA(cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out,
-                       stream_));
+  TTT_CUDA(cu::TttScan(params, one_token_each, segments, num_segments, q, k, v, lr, state, offsets,
+                       ttt_out, stream_));
 
   // Layer output (spec §3.8), added into h by the o_proj GEMM.
-  float* y = s.y.get<float>();
-  TTT_CUDA(cu::LayerNorm(ttt_out, rows, D, w.post_norm_w, w.post_norm_b, kLayerNormEps, y, stream_));
-  float* gate = s.gate.get<float>();
-  if (c.use_gate) {
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.g_proj, D, gate, false));
-    TTT_CUDA(cu::GeluGate(gate, y, rows * D, s.y_gemm.get(), gemm_type(), stream_));
-  } else if (gemm_type() == cu::ElementType::kBFloat16) {
-    TTT_CUDA(cu::ConvertToBFloat16(y, rows * D, s.y_gemm.get<__nv_bfloat16>(), stream_));
-  } else {
-    TTT_CUDA(cudaMemcpyAsync(s.y_gemm.get(), y, rows * D * sizeof(float), cudaMemcpyDeviceToDevice,
-                             stream_));
-  }
+  TTT_CUDA(cu::PostNormGate(ttt_out, rows, D, w.post_norm_w, w.post_norm_b, kLayerNormEps,
+                            c.use_gate ? proj + columns_.g : nullptr, columns_.ld, s.y_gemm.get(),
+                            gemm_type(), stream_));
   TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, h, /*accumulate=*/true));
 
   // SwiGLU feed-forward.
   TTT_CUDA(cu::RmsNorm(h, rows, D, w.ffn_norm, rms_eps, s.x.get(), gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_proj, I, s.ffn_gate.get<float>(), false));
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.up_proj, I, s.ffn_up.get<float>(), false));
-  TTT_CUDA(cu::SwiGlu(s.ffn_gate.get<float>(), s.ffn_up.get<float>(), rows * I, s.ffn_act.get(),
-                      gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get<float>(), false));
+  TTT_CUDA(cu::SwiGlu(s.ffn.get<float>(), rows, I, s.ffn_act.get(), gemm_type(), stream_));
   TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   return absl::OkStatus();
 }
@@ -795,7 +837,7 @@ int CudaDeviceCount() {
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(std::shared_ptr<const Model> model,
-                                                          const CudaEngineOptions& options) {
+                                                         const CudaEngineOptions& options) {
   auto engine = std::make_unique<CudaEngine>(std::move(model), options);
   TTT_RETURN_IF_ERROR(engine->Initialize());
   return engine;
