@@ -4,9 +4,10 @@
 //   ttt-bench --backend cuda --preset 125m --inner linear --batch 1,64,256 --offset 1024
 //
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
-// times `steps` greedy decode steps of one token per sequence, the engine choosing the tokens. On CUDA it also reports the memory floor:
-// the weights plus every sequence's state read once per step, over the device-to-device copy
-// bandwidth measured in the same run.
+// times `steps` decode steps of one token per sequence, the engine choosing the tokens (greedy,
+// or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
+// every sequence's state read once per step, over the device-to-device copy bandwidth measured
+// in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +41,7 @@ ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
 ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine call.");
 ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
+ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
 
 namespace ttt {
 namespace {
@@ -124,14 +126,18 @@ absl::Status Run() {
     for (int32_t b = 0; b < batch; ++b) tokens[b] = {token(rng)};
     for (int32_t b = 0; b < batch; ++b) chunks[b].tokens = tokens[b];
 
-    // Greedy decoding as a server runs it: the engine picks each token, ids come back.
+    // Decoding as a server runs it: the engine picks each token, ids come back.
     std::vector<double> step_seconds;
-    const std::vector<SamplingParams> greedy(batch);
+    std::vector<SamplingParams> sampling(batch);
+    for (int32_t b = 0; b < batch; ++b) {
+      sampling[b].temperature = absl::GetFlag(FLAGS_temperature);
+      sampling[b].seed = b;
+    }
     std::vector<SampledToken> sampled;
     const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
     for (int32_t s = 0; s < warmup + steps; ++s) {
       const auto start = std::chrono::steady_clock::now();
-      TTT_RETURN_IF_ERROR(engine.ForwardAndSample(chunks, greedy, &sampled));
+      TTT_RETURN_IF_ERROR(engine.ForwardAndSample(chunks, sampling, &sampled));
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (s >= warmup) step_seconds.push_back(seconds);
@@ -149,6 +155,7 @@ absl::Status Run() {
         {"batch", batch},
         {"offset", absl::GetFlag(FLAGS_offset)},
         {"steps", steps},
+        {"temperature", absl::GetFlag(FLAGS_temperature)},
         {"tokens_per_s", batch / p50},
         {"tokens_per_s_mean", batch * steps / total},
         {"step_ms_p50", 1e3 * p50},
