@@ -31,6 +31,7 @@
 
 ABSL_FLAG(std::string, server, "localhost:50051", "The server's gRPC address.");
 ABSL_FLAG(int32_t, concurrency, 16, "Closed loop: this many concurrent streams.");
+ABSL_FLAG(int32_t, connections, 1, "TCP connections the streams are spread over (round robin).");
 ABSL_FLAG(double, rate, 0, "Open loop: requests per second (Poisson); overrides --concurrency.");
 ABSL_FLAG(double, duration, 0, "Seconds to run (0: until --requests are done).");
 ABSL_FLAG(int64_t, requests, 0, "Requests to send (0: until --duration is over).");
@@ -82,12 +83,11 @@ double Percentile(std::vector<double> values, double p) {
 
 class LoadGenerator {
  public:
-  LoadGenerator(Client& client, int64_t vocab, LengthDistribution prompts,
-                LengthDistribution outputs)
-      : client_(client), vocab_(vocab), prompts_(prompts), outputs_(outputs) {}
+  LoadGenerator(int64_t vocab, LengthDistribution prompts, LengthDistribution outputs)
+      : vocab_(vocab), prompts_(prompts), outputs_(outputs) {}
 
-  // One request; `session` empty for a fresh sequence.
-  void RunOne(std::mt19937_64& rng, const std::string& session) {
+  // One request over `client`; `session` empty for a fresh sequence.
+  void RunOne(Client& client, std::mt19937_64& rng, const std::string& session) {
     v1::GenerateRequest request;
     const int64_t prompt_length = prompts_.Draw(rng);
     std::uniform_int_distribution<int32_t> token(3, static_cast<int32_t>(vocab_ - 1));
@@ -103,7 +103,7 @@ class LoadGenerator {
     bool first = true;
     std::vector<double> ttft, itl;
     int64_t tokens = 0;
-    const grpc::Status status = client_.Generate(request, [&](const v1::GenerateResponse& r) {
+    const grpc::Status status = client.Generate(request, [&](const v1::GenerateResponse& r) {
       const Clock::time_point now = Clock::now();
       const int n = r.tokens_size();
       if (n > 0) {
@@ -136,7 +136,6 @@ class LoadGenerator {
   Stats& stats() { return stats_; }
 
  private:
-  Client& client_;
   const int64_t vocab_;
   const LengthDistribution prompts_, outputs_;
   Stats stats_;
@@ -155,16 +154,24 @@ int Run() {
     std::fprintf(stderr, "ttt-loadgen: give --duration or --requests\n");
     return 2;
   }
+  const int32_t connections = absl::GetFlag(FLAGS_connections);
+  if (connections < 1) {
+    std::fprintf(stderr, "ttt-loadgen: --connections must be at least 1\n");
+    return 2;
+  }
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
-  Client client(options);
+  options.own_connection = connections > 1;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int32_t i = 0; i < connections; ++i) clients.push_back(std::make_unique<Client>(options));
+  Client& client = *clients[0];
   v1::ModelInfo info;
   if (grpc::Status status = client.GetModelInfo(&info); !status.ok()) {
     std::fprintf(stderr, "ttt-loadgen: %s: %s\n", StatusCodeName(status.error_code()).c_str(),
                  status.error_message().c_str());
     return 1;
   }
-  LoadGenerator generator(client, info.vocab_size(), prompts, outputs);
+  LoadGenerator generator(info.vocab_size(), prompts, outputs);
   const Clock::time_point start = Clock::now();
   const Clock::time_point end =
       duration > 0 ? start + std::chrono::duration_cast<Clock::duration>(
@@ -201,18 +208,19 @@ int Run() {
     std::mt19937_64 rng(seed);
     std::exponential_distribution<double> gap(rate);
     Clock::time_point next = start;
-    while (take_ticket()) {
+    for (size_t i = 0; take_ticket(); ++i) {
       std::this_thread::sleep_until(next);
       const uint64_t request_seed = rng();
-      workers.emplace_back([&, request_seed] {
+      workers.emplace_back([&, request_seed, i] {
         std::mt19937_64 request_rng(request_seed);
-        generator.RunOne(request_rng, "");
+        generator.RunOne(*clients[i % clients.size()], request_rng, "");
       });
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     }
   } else {
     for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
       workers.emplace_back([&, w] {
+        Client& client = *clients[w % clients.size()];
         std::mt19937_64 rng(seed * 7919 + w);
         std::bernoulli_distribution continue_session(session_share);
         std::string session;
@@ -221,7 +229,7 @@ int Run() {
           if (client.CreateSession("", &created).ok()) session = created.id();
         }
         while (take_ticket()) {
-          generator.RunOne(rng, !session.empty() && continue_session(rng) ? session : "");
+          generator.RunOne(client, rng, !session.empty() && continue_session(rng) ? session : "");
         }
         if (!session.empty()) client.DeleteSession(session);
       });
@@ -241,6 +249,7 @@ int Run() {
       {"backend", info.backend()},
       {"mode", rate > 0 ? "rate" : "concurrency"},
       {"concurrency", rate > 0 ? 0 : absl::GetFlag(FLAGS_concurrency)},
+      {"connections", connections},
       {"rate", rate},
       {"prompt_tokens", prompts.Describe()},
       {"output_tokens", outputs.Describe()},

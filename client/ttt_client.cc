@@ -18,6 +18,7 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options_.max_message_bytes);
   arguments.SetMaxSendMessageSize(options_.max_message_bytes);
+  if (options_.own_connection) arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(),
                                        arguments);
   stub_ = v1::TttService::NewStub(channel_);

@@ -22,6 +22,9 @@ struct ClientOptions {
   // Sent with every call (for example authorization headers for a proxy).
   std::vector<std::pair<std::string, std::string>> metadata;
   int max_message_bytes = 256 << 20;
+  // A TCP connection of its own: gRPC otherwise shares one connection among the channels of a
+  // process that go to the same target.
+  bool own_connection = false;
 };
 
 enum class ServingStatus { kUnknown, kServing, kNotServing };
