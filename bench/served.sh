@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The served path against the engine alone: ttt-server on a random-weight preset, ttt-loadgen
 # with N concurrent streams of T generated tokens over loopback, then ttt-bench's decode at batch
-# N on the same model. Prints both JSON summaries, and where the served time went: the server's
-# engine steps (from its /metrics) and how busy the machine's cores were during the run.
-#   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT]
+# N on the same model, greedy and sampling at temperature 1 as the load generator's requests do.
+# Prints the JSON summaries, and where the served time went: the server's engine steps (from its
+# /metrics) and how busy the machine's cores were during the run.
+#   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
 set -euo pipefail
 build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((2 * streams))}"
-metrics_port="${6:-9464}"
+metrics_port="${6:-9464}"; connections="${7:-1}"
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
@@ -40,7 +41,7 @@ cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7
 read -r steps_before seconds_before < <(steps)
 read -r busy_before total_before < <(cpu)
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
-  --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
+  --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
 read -r busy_after total_after < <(cpu)
 read -r steps_after seconds_after < <(steps)
@@ -52,5 +53,7 @@ awk -v n=$((steps_after - steps_before)) -v s="$seconds_after" -v s0="$seconds_b
   'BEGIN { printf "server: %d engine steps, %.3f ms each inside the scheduler, %.3f ms of wall time each; cores busy %.0f%%\n",
            n, 1e3 * (s - s0) / n, 1e3 * d / n, 100 * b / t }'
 kill -TERM $server; wait $server || true
-echo "engine: $("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
-  --offset 16 --steps 128)"
+for temperature in 0 1; do
+  echo "engine (temperature $temperature): $("$build/bench/ttt-bench" --backend cuda \
+    --model "$work/model" --batch "$streams" --offset 16 --steps 128 --temperature $temperature)"
+done
