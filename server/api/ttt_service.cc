@@ -136,7 +136,7 @@ absl::StatusOr<GenerationSpec> ParseGenerateRequest(const v1::GenerateRequest& r
 // Proto strings must be valid UTF-8: a lone token's bytes may be part of a character.
 std::string ValidUtf8(std::string bytes) { return TakeCompleteUtf8(&bytes, /*final=*/true); }
 
-absl::Time DeadlineOf(const grpc::ServerContextBase& context) {
+absl::Time DeadlineOf(const grpc::ServerContext& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
@@ -211,204 +211,99 @@ absl::StatusOr<const TttService::Backend*> TttService::backend() const {
   return backend;
 }
 
-// Turns a generation's updates into responses: tokens with their text pieces (stop strings cut
-// the text and stop the generation), and at the end the finish reason and usage.
-class GenerationResponses {
- public:
-  GenerationResponses(const Model& model, const v1::GenerateRequest& request,
-                      std::shared_ptr<GenerationHandle> handle)
-      : handle_(std::move(handle)),
-        text_(model.tokenizer.get(), std::vector<std::string>(request.stopping().stop().begin(),
-                                                              request.stopping().stop().end())) {}
-
-  GenerationHandle& handle() { return *handle_; }
-
-  // Fills `response` from `update`. When the update ends the generation, returns true and sets
-  // *end to the call's status: then `response` is to be sent only if *end is OK.
-  // client_gone: the caller can no longer be reached (its end is CANCELLED).
-  bool Apply(const GenerationUpdate& update, bool client_gone, v1::GenerateResponse* response,
-             grpc::Status* end) {
+grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
+                                       const v1::GenerateRequest& request,
+                                       const std::function<bool(v1::GenerateResponse&)>& emit) {
+  absl::StatusOr<const Backend*> backend = this->backend();
+  if (!backend.ok()) return ToGrpc(backend.status());
+  const Model& model = *(*backend)->model;
+  Metrics* metrics = (*backend)->metrics;
+  const absl::Time deadline = DeadlineOf(*context);
+  absl::StatusOr<GenerationSpec> spec = ParseGenerateRequest(request, model, deadline);
+  absl::StatusOr<std::shared_ptr<GenerationHandle>> handle =
+      spec.ok() ? (*backend)->scheduler->Submit(*std::move(spec)) : spec.status();
+  if (!handle.ok()) {
+    if (metrics != nullptr) metrics->RequestRejected(handle.status());
+    return ToGrpc(handle.status());
+  }
+  std::vector<std::string> stops(request.stopping().stop().begin(), request.stopping().stop().end());
+  TextStream text(model.tokenizer.get(), std::move(stops));
+  bool client_gone = false;
+  int32_t tokens_sent = 0;
+  while (true) {
+    GenerationUpdate update;
+    if (!(*handle)->Next(kPollInterval, &update)) {
+      if (!client_gone && context->IsCancelled()) {
+        client_gone = true;
+        (*handle)->Cancel(FinishReason::kCancelled);
+      }
+      continue;
+    }
+    v1::GenerateResponse response;
     for (const GeneratedToken& token : update.tokens) {
-      if (text_.stopped()) break;
-      v1::Token* out = response->add_tokens();
-      ++tokens_sent_;
+      if (text.stopped()) break;
+      v1::Token* out = response.add_tokens();
+      ++tokens_sent;
       out->set_id(token.id);
       out->set_logprob(token.logprob);
-      out->set_text(text_.Push(token.id));
+      out->set_text(text.Push(token.id));
       for (const auto& [id, logprob] : token.top_logprobs) {
         v1::TopLogprob* top = out->add_top_logprobs();
         top->set_id(id);
-        top->set_text(ValidUtf8(text_.Text(id)));
+        top->set_text(ValidUtf8(text.Text(id)));
         top->set_logprob(logprob);
       }
-      if (text_.stopped()) handle_->Cancel(FinishReason::kStop);
+      if (text.stopped()) (*handle)->Cancel(FinishReason::kStop);
     }
-    if (!update.finished) return false;
-    if (client_gone) {
-      *end = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-      return true;
-    }
-    *end = ToGrpc(update.status);
-    if (!update.status.ok()) return true;
-    // Held-back text (an unfinished character, the start of a stop string that never completed)
-    // rides on the last token; the end of a generation always brings one, except when the server
-    // cancels it.
-    const std::string rest = text_.Flush();
-    if (!rest.empty() && response->tokens_size() > 0) {
-      response->mutable_tokens(response->tokens_size() - 1)->mutable_text()->append(rest);
-    }
-    // Stop strings are found here, after the scheduler may already have gone on (or ended for
-    // another reason): what the client saw decides.
-    response->set_finish_reason(text_.stopped() ? v1::FINISH_REASON_STOP
-                                                : ToProto(update.finish_reason));
-    v1::Usage* usage = response->mutable_usage();
-    usage->set_prompt_tokens(update.times.prompt_tokens);
-    usage->set_generated_tokens(tokens_sent_);
-    usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
-    usage->set_time_to_first_token_seconds(absl::ToDoubleSeconds(update.times.time_to_first_token));
-    usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));
-    return true;
-  }
-
- private:
-  std::shared_ptr<GenerationHandle> handle_;
-  TextStream text_;
-  int32_t tokens_sent_ = 0;
-};
-
-namespace {
-
-// A Generate call on gRPC's callback API: no thread waits for it. The scheduler's delivery thread
-// tells it of news; it turns the news into a response and writes it, one write in flight at a
-// time (news that arrives meanwhile is taken when the write is done, in one response).
-class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  // A call that ends at once with `status`.
-  explicit GenerateCall(const grpc::Status& status) { Finish(status); }
-
-  explicit GenerateCall(std::unique_ptr<GenerationResponses> responses)
-      : responses_(std::move(responses)), link_(std::make_shared<Link>()) {
-    link_->call = this;
-    responses_->handle().SetListener([link = link_] {
-      absl::MutexLock lock(&link->mutex);
-      if (link->call != nullptr) link->call->WriteNextLocked();
-    });
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&link_->mutex);
-    writing_ = false;
-    if (!ok) ClientGoneLocked();
-    WriteNextLocked();
-  }
-
-  void OnCancel() override {
-    if (link_ == nullptr) return;
-    absl::MutexLock lock(&link_->mutex);
-    ClientGoneLocked();
-  }
-
-  void OnDone() override {
-    if (link_ != nullptr) {
-      responses_->handle().SetListener(nullptr);
-      absl::MutexLock lock(&link_->mutex);
-      link_->call = nullptr;  // A listener call already under way finds no call.
-    }
-    delete this;
-  }
-
- private:
-  // Outlives the call, for listener calls that race with its end.
-  struct Link {
-    absl::Mutex mutex;  // Guards the call's state below, too.
-    GenerateCall* call ABSL_GUARDED_BY(mutex) = nullptr;
-  };
-
-  void ClientGoneLocked() {
-    if (client_gone_) return;
-    client_gone_ = true;
-    responses_->handle().Cancel(FinishReason::kCancelled);  // Frees the slot; the end follows.
-  }
-
-  // Starts the next write (or the end) when news is waiting and no write is in flight. gRPC may
-  // run OnWriteDone before StartWrite returns; it then finds writing_ set and this call's lock
-  // free of any other writer, since only WriteNextLocked starts writes.
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(link_->mutex) {
-    if (writing_ || finished_) return;
-    GenerationUpdate update;
-    if (!responses_->handle().Next(absl::ZeroDuration(), &update)) return;
-    response_.Clear();
-    grpc::Status end;
-    if (responses_->Apply(update, client_gone_, &response_, &end)) {
-      finished_ = true;
-      if (end.ok()) {
-        StartWriteAndFinish(&response_, grpc::WriteOptions(), end);
-      } else {
-        Finish(end);
+    if (update.finished) {
+      if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      if (!update.status.ok()) return ToGrpc(update.status);
+      // Held-back text (an unfinished character, the start of a stop string that never
+      // completed) rides on the last token; the end of a generation always brings one, except
+      // when the server cancels it.
+      const std::string rest = text.Flush();
+      if (!rest.empty() && response.tokens_size() > 0) {
+        response.mutable_tokens(response.tokens_size() - 1)->mutable_text()->append(rest);
       }
-    } else if (response_.tokens_size() > 0 && !client_gone_) {
-      writing_ = true;
-      StartWrite(&response_);
+      // Stop strings are found here, after the scheduler may already have gone on (or ended for
+      // another reason): what the client saw decides.
+      response.set_finish_reason(text.stopped() ? v1::FINISH_REASON_STOP
+                                                : ToProto(update.finish_reason));
+      v1::Usage* usage = response.mutable_usage();
+      usage->set_prompt_tokens(update.times.prompt_tokens);
+      usage->set_generated_tokens(tokens_sent);
+      usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
+      usage->set_time_to_first_token_seconds(absl::ToDoubleSeconds(update.times.time_to_first_token));
+      usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));
+      emit(response);
+      return grpc::Status::OK;
+    }
+    if (response.tokens_size() > 0 && !client_gone && !emit(response)) {
+      client_gone = true;
+      (*handle)->Cancel(FinishReason::kCancelled);
     }
   }
-
-  std::unique_ptr<GenerationResponses> responses_;
-  std::shared_ptr<Link> link_;
-  v1::GenerateResponse response_;  // The write in flight.
-  bool writing_ = false, finished_ = false, client_gone_ = false;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<GenerationResponses>> TttService::StartGeneration(
-    const v1::GenerateRequest& request, absl::Time deadline) {
-  TTT_ASSIGN_OR_RETURN(const Backend* backend, this->backend());
-  absl::StatusOr<GenerationSpec> spec = ParseGenerateRequest(request, *backend->model, deadline);
-  absl::StatusOr<std::shared_ptr<GenerationHandle>> handle =
-      spec.ok() ? backend->scheduler->Submit(*std::move(spec)) : spec.status();
-  if (!handle.ok()) {
-    if (backend->metrics != nullptr) backend->metrics->RequestRejected(handle.status());
-    return handle.status();
-  }
-  return std::make_unique<GenerationResponses>(*backend->model, request, *std::move(handle));
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* TttService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  absl::StatusOr<std::unique_ptr<GenerationResponses>> responses =
-      StartGeneration(*request, DeadlineOf(*context));
-  if (!responses.ok()) return new GenerateCall(ToGrpc(responses.status()));
-  return new GenerateCall(*std::move(responses));
+grpc::Status TttService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                                  grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return RunGeneration(context, *request,
+                       [&](v1::GenerateResponse& response) { return writer->Write(response); });
 }
 
 grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   v1::CompleteResponse* response) {
-  absl::StatusOr<std::unique_ptr<GenerationResponses>> responses =
-      StartGeneration(*request, DeadlineOf(*context));
-  if (!responses.ok()) return ToGrpc(responses.status());
-  bool client_gone = false;
-  while (true) {
-    GenerationUpdate update;
-    if (!(*responses)->handle().Next(kPollInterval, &update)) {
-      if (!client_gone && context->IsCancelled()) {
-        client_gone = true;
-        (*responses)->handle().Cancel(FinishReason::kCancelled);
-      }
-      continue;
-    }
-    v1::GenerateResponse part;
-    grpc::Status end;
-    const bool finished = (*responses)->Apply(update, client_gone, &part, &end);
+  return RunGeneration(context, *request, [&](v1::GenerateResponse& part) {
     for (v1::Token& token : *part.mutable_tokens()) {
       response->mutable_text()->append(token.text());
       *response->add_tokens() = std::move(token);
     }
-    if (finished) {
+    if (part.has_usage()) {
       response->set_finish_reason(part.finish_reason());
       *response->mutable_usage() = part.usage();
-      return end;
     }
-  }
+    return true;
+  });
 }
 
 // ---- Sessions ---------------------------------------------------------------------------------

@@ -12,18 +12,14 @@
 
 namespace ttt {
 
-class GenerationResponses;
-
-// Generate runs on gRPC's callback API (no thread per stream); the other methods are synchronous.
-class TttService final
-    : public v1::TttService::WithCallbackMethod_Generate<v1::TttService::Service> {
+class TttService final : public v1::TttService::Service {
  public:
   // Until Ready is called (the model is loading) every call answers UNAVAILABLE.
   TttService() = default;
   void Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
                         v1::CompleteResponse* response) override;
   grpc::Status CreateSession(grpc::ServerContext* context, const v1::CreateSessionRequest* request,
@@ -53,9 +49,10 @@ class TttService final
   };
   // The loaded model, or UNAVAILABLE while loading.
   absl::StatusOr<const Backend*> backend() const;
-  // Validates a generation request and hands it to the scheduler.
-  absl::StatusOr<std::unique_ptr<GenerationResponses>> StartGeneration(
-      const v1::GenerateRequest& request, absl::Time deadline);
+  // Runs a generation, calling `emit` for each batch of tokens; returns its end.
+  grpc::Status RunGeneration(
+      grpc::ServerContext* context, const v1::GenerateRequest& request,
+      const std::function<bool(v1::GenerateResponse&)>& emit);
 
   std::unique_ptr<Backend> backend_storage_;
   std::atomic<const Backend*> backend_{nullptr};

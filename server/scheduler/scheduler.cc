@@ -30,47 +30,21 @@ void GenerationHandle::Cancel(FinishReason reason) {
   cancel_reason_ = reason;
 }
 
-void GenerationHandle::SetListener(std::function<void()> on_news) {
-  bool news;
-  {
-    absl::MutexLock lock(&mutex_);
-    on_news_ = on_news ? std::make_shared<const std::function<void()>>(std::move(on_news))
-                       : nullptr;
-    news = has_news_;
-  }
-  if (news) Notify();
-}
-
-void GenerationHandle::Notify() {
-  std::shared_ptr<const std::function<void()>> on_news;
-  {
-    absl::MutexLock lock(&mutex_);
-    on_news = on_news_;
-  }
-  if (on_news) (*on_news)();
-}
-
 void GenerationHandle::Push(std::vector<GeneratedToken> tokens) {
-  {
-    absl::MutexLock lock(&mutex_);
-    for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
-    has_news_ = true;
-  }
-  Notify();
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  has_news_ = true;
 }
 
 void GenerationHandle::Finish(std::vector<GeneratedToken> tokens, FinishReason reason,
                               absl::Status status, const GenerationTimes& times) {
-  {
-    absl::MutexLock lock(&mutex_);
-    for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
-    pending_.finished = true;
-    pending_.finish_reason = reason;
-    pending_.status = std::move(status);
-    pending_.times = times;
-    has_news_ = true;
-  }
-  Notify();
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  pending_.finished = true;
+  pending_.finish_reason = reason;
+  pending_.status = std::move(status);
+  pending_.times = times;
+  has_news_ = true;
 }
 
 bool GenerationHandle::cancel_requested(FinishReason* reason) {

@@ -75,15 +75,11 @@ struct GenerationUpdate {
   GenerationTimes times;
 };
 
-// The link between a request's caller and the scheduler. The caller either waits for news in
-// Next, or is told of it by a listener and then collects it with Next(ZeroDuration()).
+// The link between a request's caller and the scheduler.
 class GenerationHandle {
  public:
   // Waits up to `timeout` for news; false when there is none yet.
   bool Next(absl::Duration timeout, GenerationUpdate* update);
-  // `on_news` runs whenever tokens or the end arrive, on the scheduler's delivery thread: it must
-  // be quick and never block. Runs once at once if news is already waiting.
-  void SetListener(std::function<void()> on_news);
   // Asks the scheduler to stop this request at its next step: kStop (the caller saw a stop
   // string) or kCancelled (the caller went away: its slot is freed).
   void Cancel(FinishReason reason);
@@ -96,11 +92,7 @@ class GenerationHandle {
               const GenerationTimes& times);
   bool cancel_requested(FinishReason* reason);
 
-  // Calls the listener, if any, after news arrived (outside the mutex).
-  void Notify();
-
   absl::Mutex mutex_;
-  std::shared_ptr<const std::function<void()>> on_news_ ABSL_GUARDED_BY(mutex_);
   GenerationUpdate pending_ ABSL_GUARDED_BY(mutex_);
   bool has_news_ ABSL_GUARDED_BY(mutex_) = false;
   bool cancel_ ABSL_GUARDED_BY(mutex_) = false;
