@@ -70,13 +70,14 @@ scrape_configs:
             check(baseline == 0, "Prometheus scraped the idle server")
             summary_path = os.path.join(work, "loadgen.json")
             loadgen = run([args.loadgen_bin, "--server", server.target, "--concurrency", "8",
-                           "--requests", "48", "--prompt-tokens", "uniform:4:40",
+                           "--connections", "2", "--requests", "48", "--prompt-tokens", "uniform:4:40",
                            "--output-tokens", "uniform:8:24", "--session-share", "0.25",
                            "--duration", "0", "--progress=false", "--json-out", summary_path])
             check(loadgen.returncode == 0,
                   f"ttt-loadgen ran without errors {loadgen.stdout[-300:]} {loadgen.stderr[-300:]}")
             with open(summary_path) as f:
                 summary = json.load(f)
+            check(summary["connections"] == 2, "loadgen spread its streams over 2 connections")
             expected = summary["generated_tokens"]
             seen = None
             for _ in range(40):
