@@ -83,9 +83,27 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
     }
   }
 
+  const bool truncates = (p.top_k > 0 && p.top_k < vocab) || p.min_p > 0.0f || p.top_p < 1.0f;
   int32_t chosen;
   if (p.temperature == 0.0f || p.top_k == 1) {
     chosen = static_cast<int32_t>(std::max_element(scores.begin(), scores.end()) - scores.begin());
+  } else if (!truncates) {
+    // Every token is kept: no ranking needed, the draw walks the ids in order.
+    chosen = static_cast<int32_t>(std::max_element(scores.begin(), scores.end()) - scores.begin());
+    std::vector<double> probs(vocab);
+    double total = 0;
+    for (int32_t id = 0; id < vocab; ++id) {
+      probs[id] = std::exp(double(scores[id] - scores[chosen]) / p.temperature);
+      total += probs[id];
+    }
+    double target = UniformDraw(p.seed, step) * total;
+    for (int32_t id = 0; id < vocab; ++id) {
+      target -= probs[id];
+      if (target < 0) {
+        chosen = id;
+        break;
+      }
+    }
   } else {
     // Candidates by decreasing score (ties: lower id first, so the order is deterministic).
     std::vector<int32_t> ids(vocab);
