@@ -218,6 +218,7 @@ void Scheduler::ReleaseActive(Active& active) {
     active.session->busy = false;
     active.session->last_used = absl::Now();
     if (active.slot >= 0) {
+      if (active.session->slot < 0) ++resident_sessions_;
       active.session->slot = active.slot;
       active.session->length = *engine_->SequenceLength(active.slot);
     }
@@ -245,6 +246,7 @@ absl::Status Scheduler::EvictOneIdleSession(const Session* keep) {
   TTT_ASSIGN_OR_RETURN(victim->saved_state, engine_->SaveSequence(victim->slot));
   TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(victim->slot));
   victim->slot = -1;
+  --resident_sessions_;
   host_session_bytes_ += victim->saved_state.size();
   return absl::OkStatus();
 }
@@ -274,6 +276,7 @@ absl::Status Scheduler::MakeResident(Session& session) {
       host_session_bytes_ -= session.saved_state.size();
       session.saved_state.clear();
       session.slot = *slot;
+      ++resident_sessions_;
       return absl::OkStatus();
     }
     if (slot.status().code() != absl::StatusCode::kResourceExhausted) return slot.status();
@@ -512,9 +515,8 @@ void Scheduler::Step() {
   SchedulerStats stats;
   stats.running = static_cast<int64_t>(running_.size());
   stats.waiting = static_cast<int64_t>(waiting_.size());
-  for (const auto& [id, session] : sessions_) {
-    if (session->slot >= 0) ++stats.sessions_engine; else ++stats.sessions_host;
-  }
+  stats.sessions_engine = resident_sessions_;
+  stats.sessions_host = static_cast<int64_t>(sessions_.size()) - resident_sessions_;
   int64_t fresh_slots = 0;
   for (const auto& active : running_) fresh_slots += active->session == nullptr;
   stats.slots_used = stats.sessions_engine + fresh_slots;
@@ -556,6 +558,7 @@ SessionInfo Scheduler::AddSession(const std::string& id, SequenceSlot slot) {
   auto session = std::make_unique<Session>();
   session->id = id;
   session->slot = slot;
+  ++resident_sessions_;
   session->length = *engine_->SequenceLength(slot);
   session->last_used = absl::Now();
   const SessionInfo info = InfoOf(*session);
@@ -614,7 +617,10 @@ absl::StatusOr<SessionInfo> Scheduler::GetSession(const std::string& id) {
 absl::Status Scheduler::DeleteSession(const std::string& id) {
   return RunOnEngineThread([&]() -> absl::Status {
     TTT_ASSIGN_OR_RETURN(Session * session, FindSession(id, "session_id", true));
-    if (session->slot >= 0) TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(session->slot));
+    if (session->slot >= 0) {
+      TTT_RETURN_IF_ERROR(engine_->ReleaseSequence(session->slot));
+      --resident_sessions_;
+    }
     host_session_bytes_ -= session->saved_state.size();
     sessions_.erase(id);
     return absl::OkStatus();

@@ -189,6 +189,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Active>> waiting_;
   std::vector<std::unique_ptr<Active>> running_;
   int64_t host_session_bytes_ = 0;
+  int64_t resident_sessions_ = 0;  // Sessions whose state is in an engine slot.
   uint64_t next_session_number_ = 0;
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
   std::vector<DeliveryThread::Delivery> outbox_;

@@ -261,6 +261,9 @@ TEST_F(ServerTest, IdleSessionsAreEvictedToHostAndComeBack) {
   ASSERT_TRUE(server_->stub().GetSession(&context, get, &a).ok());
   EXPECT_EQ(a.tier(), v1::SESSION_TIER_HOST);
   EXPECT_EQ(a.tokens_absorbed(), 9);
+  SchedulerStats stats = server_->scheduler().Stats();
+  EXPECT_EQ(stats.sessions_engine, 2);
+  EXPECT_EQ(stats.sessions_host, 1);
   v1::GenerateRequest more = GreedyRequest({2, 3}, 4);
   more.set_session_id("a");
   const Streamed resumed = Generate(server_->stub(), more);
@@ -270,6 +273,25 @@ TEST_F(ServerTest, IdleSessionsAreEvictedToHostAndComeBack) {
   whole.insert(whole.end(), {2, 3});
   EXPECT_EQ(resumed.ids, EngineGreedy(model(), whole, 4));
   EXPECT_EQ(testing::MetricValue(server_->ScrapeMetrics(), "ttt_session_resumes_total"), 1);
+  stats = server_->scheduler().Stats();  // "a" came back and another session left for the host.
+  EXPECT_EQ(stats.sessions_engine, 2);
+  EXPECT_EQ(stats.sessions_host, 1);
+
+  for (const char* id : {"a", "b", "c"}) {
+    grpc::ClientContext delete_context;
+    v1::DeleteSessionRequest request;
+    request.set_session_id(id);
+    v1::DeleteSessionResponse response;
+    ASSERT_TRUE(server_->stub().DeleteSession(&delete_context, request, &response).ok()) << id;
+  }
+  // The counts are refreshed at the end of the scheduler's next step.
+  for (int i = 0; i < 100 && server_->scheduler().Stats().sessions_engine > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  stats = server_->scheduler().Stats();
+  EXPECT_EQ(stats.sessions_engine, 0);
+  EXPECT_EQ(stats.sessions_host, 0);
+  EXPECT_EQ(stats.slots_used, 0);
 }
 
 TEST_F(ServerTest, SecondRequestOnABusySessionIsAborted) {
