@@ -134,10 +134,9 @@ absl::StatusOr<SequenceSlot> CpuEngine::RestoreSequence(std::string_view bytes) 
 }
 
 absl::Status CpuEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
-  return ValidateBatch(batch, which, model_->config.vocab_size,
-                       [this](SequenceSlot slot, std::string_view field) {
-                         return Find(slot, field).status();
-                       });
+  return ValidateBatch(batch, which, model_->config.vocab_size, [this](SequenceSlot slot) {
+    return slot >= 0 && slot < static_cast<SequenceSlot>(slots_.size()) && slots_[slot] != nullptr;
+  });
 }
 
 absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,

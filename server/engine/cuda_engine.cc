@@ -499,9 +499,9 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
 }
 
 absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
-  return ValidateBatch(
-      batch, which, model_->config.vocab_size,
-      [this](SequenceSlot slot, std::string_view field) { return CheckSlot(slot, field); });
+  return ValidateBatch(batch, which, model_->config.vocab_size, [this](SequenceSlot slot) {
+    return slot >= 0 && slot < capacity_ && lengths_[slot] >= 0;
+  });
 }
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {

@@ -1,22 +1,26 @@
 #include "server/engine/engine.h"
 
-#include "absl/container/flat_hash_set.h"
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "server/util/status_macros.h"
 
 namespace ttt {
 
-absl::Status ValidateBatch(
-    std::span<const SequenceChunk> batch, LogitsFor which, int64_t vocab_size,
-    const std::function<absl::Status(SequenceSlot, std::string_view)>& check_slot) {
-  absl::flat_hash_set<SequenceSlot> seen;
+absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
+                           int64_t vocab_size,
+                           const std::function<bool(SequenceSlot)>& is_live) {
+  // Runs on every engine step: nothing is allocated per chunk unless there is an error.
+  std::vector<SequenceSlot> slots;
+  slots.reserve(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     const SequenceChunk& chunk = batch[b];
-    TTT_RETURN_IF_ERROR(check_slot(chunk.slot, absl::StrCat("batch[", b, "].slot")));
-    if (!seen.insert(chunk.slot).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("batch[", b, "].slot: slot ", chunk.slot, " appears twice in one batch"));
+    if (!is_live(chunk.slot)) {
+      return absl::NotFoundError(
+          absl::StrCat("batch[", b, "].slot: no sequence in slot ", chunk.slot));
     }
+    slots.push_back(chunk.slot);
     if (which == LogitsFor::kLastToken && chunk.tokens.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch[", b, "].tokens: empty, so it has no last token to give logits for"));
@@ -27,6 +31,18 @@ absl::Status ValidateBatch(
             absl::StrCat("batch[", b, "].tokens[", i, "]: id ", chunk.tokens[i],
                          " is outside the vocabulary [0, ", vocab_size, ")"));
       }
+    }
+  }
+  std::sort(slots.begin(), slots.end());
+  if (auto twice = std::adjacent_find(slots.begin(), slots.end()); twice != slots.end()) {
+    bool seen = false;  // Name the second chunk that has it.
+    for (size_t b = 0; b < batch.size(); ++b) {
+      if (batch[b].slot != *twice) continue;
+      if (seen) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch[", b, "].slot: slot ", *twice, " appears twice in one batch"));
+      }
+      seen = true;
     }
   }
   return absl::OkStatus();

@@ -78,12 +78,12 @@ class Engine {
                                         std::vector<SampledToken>* tokens) = 0;
 };
 
-// The checks every backend's Forward makes before touching any state: `check_slot(slot, field)`
-// says whether a slot holds a live sequence (NotFound naming `field` otherwise); slots must be
-// distinct, tokens inside [0, vocab_size), and chunks non-empty when kLastToken wants logits.
-absl::Status ValidateBatch(
-    std::span<const SequenceChunk> batch, LogitsFor which, int64_t vocab_size,
-    const std::function<absl::Status(SequenceSlot, std::string_view)>& check_slot);
+// The checks every backend's Forward makes before touching any state: every slot holds a live
+// sequence (`is_live`; NotFound otherwise), slots are distinct, tokens inside [0, vocab_size),
+// and chunks non-empty when kLastToken wants logits. Errors name the field (batch[i].slot, ...).
+absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
+                           int64_t vocab_size,
+                           const std::function<bool(SequenceSlot)>& is_live);
 
 // The checks ForwardAndSample makes on `sampling` besides Forward's on `batch`.
 absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
