@@ -216,8 +216,8 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
 
 constexpr int kDecodeMaxF = 64;  // f ≤ this uses the decode kernel (64 in all presets but 760m).
 
-// Sums over the block of up to 4 warps; every thread gets the results. Two values at once, so
-// that reductions that do not depend on each other share the barrier.
+// Sums over the block; every thread gets the results. Two values at once, so that reductions
+// that do not depend on each other share the barriers.
 __device__ __forceinline__ float2 BlockSum2(float2 v, float2* scratch) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   v.x = WarpSum(v.x);
@@ -355,13 +355,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+size_t DecodeSharedBytes(const TttScanParams& params) {
+  return sizeof(float) * (2 * params.f + 2 * params.K * params.f + params.f * params.f);
+}
+
+// Without opting in, a block gets at most this much dynamic shared memory.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
 template <int kThreads>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const Segment* segments,
                                int num_segments, const float* q, const float* k, const float* v,
                                const float* lr, StateAddress state, TttStateOffsets offsets,
                                float* out, cudaStream_t stream) {
-  const size_t shared_bytes =
-      sizeof(float) * (2 * params.f + 2 * params.K * params.f + params.f * params.f);
+  const size_t shared_bytes = DecodeSharedBytes(params);
   TttDecodeLinearKernel<kThreads><<<num_segments * params.nh, kThreads, shared_bytes, stream>>>(
       params, segments, q, k, v, lr, state, offsets, out);
   return cudaGetLastError();
@@ -375,7 +381,8 @@ cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segm
                     cudaStream_t stream) {
   if (num_segments == 0) return cudaSuccess;
   if (params.K > kMaxK || params.f1 > 1024) return cudaErrorInvalidValue;
-  if (one_token_each && !params.mlp && params.f <= kDecodeMaxF) {
+  if (one_token_each && !params.mlp && params.f <= kDecodeMaxF &&
+      DecodeSharedBytes(params) <= kDefaultSharedBytes) {
     if (params.f <= 32) {
       return LaunchDecodeLinear<32>(params, segments, num_segments, q, k, v, lr, state, offsets,
                                     out, stream);

@@ -672,8 +672,8 @@ absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
                                     std::vector<float>* logits, std::vector<SampledToken>* tokens) {
   const bool sample = tokens != nullptr;
   const int64_t n = batch.size();
-  // Buckets are powers of two; the rows past the batch are idle segments (count 0) that read a
-  // live slot's conv history but change no state.
+  // Buckets are powers of two; the rows past the batch are idle segments (count 0): they name a
+  // live slot but read none of its state and change none.
   int64_t bucket = 1;
   while (bucket < n) bucket *= 2;
   TTT_RETURN_IF_ERROR(EnsureScratch(bucket, bucket, bucket));
