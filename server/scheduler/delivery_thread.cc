@@ -1,5 +1,7 @@
 #include "server/scheduler/delivery_thread.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace ttt {
@@ -21,6 +23,7 @@ void DeliveryThread::Post(std::vector<Delivery> batch) {
 }
 
 void DeliveryThread::Loop() {
+  pthread_setname_np(pthread_self(), "ttt-delivery");
   while (true) {
     std::deque<std::vector<Delivery>> batches;
     {

@@ -1,5 +1,7 @@
 #include "server/scheduler/scheduler.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <future>
@@ -156,6 +158,7 @@ SchedulerStats Scheduler::Stats() {
 // ---- The loop ---------------------------------------------------------------------------------
 
 void Scheduler::Loop() {
+  pthread_setname_np(pthread_self(), "ttt-scheduler");  // As top -H and debuggers show it.
   while (true) {
     std::deque<std::function<void()>> tasks;
     bool cancel_all = false;
