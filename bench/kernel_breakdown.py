@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Where one engine step's GPU time goes, from an Nsight Compute CSV.
+
+Record the CSV on the GPU machine, then summarise it (the last step is the last run of kernels
+starting with the embedding gather):
+
+    ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \\
+        build-gpu/bench/ttt-bench --backend cuda --preset 1b --batch 256 --steps 1 --warmup 1 \\
+        --offset 16 > step.csv
+    bench/kernel_breakdown.py step.csv
+
+Prints, per kernel name, the launches, the total and the mean microseconds, largest first.
+"""
+import collections
+import csv
+import sys
+
+
+def main(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header_at = next(i for i, row in enumerate(rows) if row and row[0] == "ID")
+    header = rows[header_at]
+    name_col, value_col = header.index("Kernel Name"), header.index("Metric Value")
+    kernels = [(row[name_col], float(row[value_col].replace(",", "")))
+               for row in rows[header_at + 1:] if len(row) > value_col]
+    starts = [i for i, (name, _) in enumerate(kernels) if "EmbeddingGather" in name]
+    if not starts:
+        sys.exit("no embedding gather in the profile: not an engine step")
+    step = kernels[starts[-1]:]
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for name, ns in step:
+        short = name.split("(")[0].replace("void ", "")
+        totals[short][0] += 1
+        totals[short][1] += ns
+    step_ns = sum(ns for _, ns in step)
+    print(f"{len(step)} kernels, {step_ns / 1e3:.1f} us")
+    for short, (count, ns) in sorted(totals.items(), key=lambda item: -item[1][1]):
+        print(f"{ns / 1e3:9.1f} us {100 * ns / step_ns:5.1f}% {count:4d} x {ns / count / 1e3:7.2f} us"
+              f"  {short[:80]}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
