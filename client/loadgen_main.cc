@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -86,8 +88,10 @@ class LoadGenerator {
   LoadGenerator(int64_t vocab, LengthDistribution prompts, LengthDistribution outputs)
       : vocab_(vocab), prompts_(prompts), outputs_(outputs) {}
 
-  // One request over `client`; `session` empty for a fresh sequence.
-  void RunOne(Client& client, std::mt19937_64& rng, const std::string& session) {
+  // Starts one request over `client` (`session` empty for a fresh sequence) and returns at once;
+  // `ended` runs on one of gRPC's threads when it is over and counted.
+  void Start(Client& client, std::mt19937_64& rng, const std::string& session,
+             std::function<void()> ended) {
     v1::GenerateRequest request;
     const int64_t prompt_length = prompts_.Draw(rng);
     std::uniform_int_distribution<int32_t> token(3, static_cast<int32_t>(vocab_ - 1));
@@ -98,39 +102,48 @@ class LoadGenerator {
     request.mutable_stopping()->set_max_new_tokens(static_cast<int32_t>(outputs_.Draw(rng)));
     request.mutable_stopping()->set_ignore_eos(true);
 
-    const Clock::time_point start = Clock::now();
-    Clock::time_point last = start;
-    bool first = true;
-    std::vector<double> ttft, itl;
-    int64_t tokens = 0;
-    const grpc::Status status = client.Generate(request, [&](const v1::GenerateResponse& r) {
-      const Clock::time_point now = Clock::now();
-      const int n = r.tokens_size();
-      if (n > 0) {
-        if (first) {
-          ttft.push_back(std::chrono::duration<double>(now - start).count());
-          for (int i = 1; i < n; ++i) itl.push_back(0);
-          first = false;
-        } else {
-          const double gap = std::chrono::duration<double>(now - last).count() / n;
-          for (int i = 0; i < n; ++i) itl.push_back(gap);
-        }
-        last = now;
-        tokens += n;
-      }
-      return true;
-    });
-    std::lock_guard<std::mutex> lock(stats_.mutex);
-    stats_.generated_tokens += tokens;
-    if (status.ok()) {
-      ++stats_.completed;
-      stats_.prompt_tokens += prompt_length;
-      stats_.session_requests += !session.empty();
-      stats_.ttft.insert(stats_.ttft.end(), ttft.begin(), ttft.end());
-      stats_.itl.insert(stats_.itl.end(), itl.begin(), itl.end());
-    } else {
-      ++stats_.errors[StatusCodeName(status.error_code())];
-    }
+    struct Timing {  // One request's, touched by one response at a time.
+      Clock::time_point start, last;
+      bool first = true;
+      std::vector<double> ttft, itl;
+      int64_t tokens = 0;
+    };
+    auto timing = std::make_shared<Timing>();
+    timing->start = timing->last = Clock::now();
+    client.GenerateAsync(
+        request,
+        [timing](const v1::GenerateResponse& r) {
+          const Clock::time_point now = Clock::now();
+          const int n = r.tokens_size();
+          if (n == 0) return;
+          if (timing->first) {
+            timing->ttft.push_back(std::chrono::duration<double>(now - timing->start).count());
+            for (int i = 1; i < n; ++i) timing->itl.push_back(0);
+            timing->first = false;
+          } else {
+            const double gap = std::chrono::duration<double>(now - timing->last).count() / n;
+            for (int i = 0; i < n; ++i) timing->itl.push_back(gap);
+          }
+          timing->last = now;
+          timing->tokens += n;
+        },
+        [this, timing, prompt_length, continues = !session.empty(),
+         ended = std::move(ended)](const grpc::Status& status) {
+          {
+            std::lock_guard<std::mutex> lock(stats_.mutex);
+            stats_.generated_tokens += timing->tokens;
+            if (status.ok()) {
+              ++stats_.completed;
+              stats_.prompt_tokens += prompt_length;
+              stats_.session_requests += continues;
+              stats_.ttft.insert(stats_.ttft.end(), timing->ttft.begin(), timing->ttft.end());
+              stats_.itl.insert(stats_.itl.end(), timing->itl.begin(), timing->itl.end());
+            } else {
+              ++stats_.errors[StatusCodeName(status.error_code())];
+            }
+          }
+          ended();
+        });
   }
 
   Stats& stats() { return stats_; }
@@ -202,7 +215,32 @@ int Run() {
     }
   });
 
-  std::vector<std::thread> workers;
+  // Requests (open loop) or streams (closed loop) still going; the run ends when none is left.
+  // The streams run on gRPC's threads: a request's end starts its stream's next request.
+  std::mutex running_mutex;
+  std::condition_variable all_ended;
+  int64_t running = 0;
+  auto one_ended = [&] {
+    std::lock_guard<std::mutex> lock(running_mutex);
+    if (--running == 0) all_ended.notify_all();
+  };
+  struct Stream {
+    Client* client;
+    std::mt19937_64 rng;
+    std::bernoulli_distribution continue_session;
+    std::string session;  // When requests continue sessions.
+  };
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::function<void(Stream&)> next_request = [&](Stream& stream) {
+    if (!take_ticket()) {
+      one_ended();
+      return;
+    }
+    const bool continues = !stream.session.empty() && stream.continue_session(stream.rng);
+    generator.Start(*stream.client, stream.rng, continues ? stream.session : "",
+                    [&next_request, &stream] { next_request(stream); });
+  };
+
   const double rate = absl::GetFlag(FLAGS_rate);
   if (rate > 0) {
     std::mt19937_64 rng(seed);
@@ -210,32 +248,36 @@ int Run() {
     Clock::time_point next = start;
     for (size_t i = 0; take_ticket(); ++i) {
       std::this_thread::sleep_until(next);
-      const uint64_t request_seed = rng();
-      workers.emplace_back([&, request_seed, i] {
-        std::mt19937_64 request_rng(request_seed);
-        generator.RunOne(*clients[i % clients.size()], request_rng, "");
-      });
+      std::mt19937_64 request_rng(rng());
+      {
+        std::lock_guard<std::mutex> lock(running_mutex);
+        ++running;
+      }
+      generator.Start(*clients[i % clients.size()], request_rng, "", one_ended);
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(rng)));
     }
   } else {
     for (int32_t w = 0; w < absl::GetFlag(FLAGS_concurrency); ++w) {
-      workers.emplace_back([&, w] {
-        Client& client = *clients[w % clients.size()];
-        std::mt19937_64 rng(seed * 7919 + w);
-        std::bernoulli_distribution continue_session(session_share);
-        std::string session;
-        if (session_share > 0) {
-          v1::Session created;
-          if (client.CreateSession("", &created).ok()) session = created.id();
-        }
-        while (take_ticket()) {
-          generator.RunOne(client, rng, !session.empty() && continue_session(rng) ? session : "");
-        }
-        if (!session.empty()) client.DeleteSession(session);
-      });
+      auto stream = std::make_unique<Stream>();
+      stream->client = clients[w % clients.size()].get();
+      stream->rng.seed(seed * 7919 + w);
+      stream->continue_session = std::bernoulli_distribution(session_share);
+      if (session_share > 0) {
+        v1::Session created;
+        if (stream->client->CreateSession("", &created).ok()) stream->session = created.id();
+      }
+      streams.push_back(std::move(stream));
     }
+    running = static_cast<int64_t>(streams.size());
+    for (auto& stream : streams) next_request(*stream);
   }
-  for (std::thread& t : workers) t.join();
+  {
+    std::unique_lock<std::mutex> lock(running_mutex);
+    all_ended.wait(lock, [&] { return running == 0; });
+  }
+  for (const auto& stream : streams) {
+    if (!stream->session.empty()) stream->client->DeleteSession(stream->session);
+  }
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   done = true;
   progress.join();

@@ -49,6 +49,54 @@ grpc::Status Client::Generate(const v1::GenerateRequest& request,
   return reader->Finish();
 }
 
+namespace {
+
+// One GenerateAsync call; deletes itself when gRPC is done with it.
+class GenerateStream final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  GenerateStream(const v1::GenerateRequest& request,
+                 std::function<void(const v1::GenerateResponse&)> on_response,
+                 std::function<void(const grpc::Status&)> on_done)
+      : request_(request), on_response_(std::move(on_response)), on_done_(std::move(on_done)) {}
+
+  grpc::ClientContext* context() { return &context_; }
+  const v1::GenerateRequest* request() const { return &request_; }
+
+  void Start() {
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // The end of the stream: OnDone follows.
+    on_response_(response_);
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    on_done_(status);
+    delete this;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  const v1::GenerateRequest request_;
+  v1::GenerateResponse response_;
+  std::function<void(const v1::GenerateResponse&)> on_response_;
+  std::function<void(const grpc::Status&)> on_done_;
+};
+
+}  // namespace
+
+void Client::GenerateAsync(const v1::GenerateRequest& request,
+                           std::function<void(const v1::GenerateResponse&)> on_response,
+                           std::function<void(const grpc::Status&)> on_done) {
+  auto* stream = new GenerateStream(request, std::move(on_response), std::move(on_done));
+  Prepare(stream->context());
+  stub_->async()->Generate(stream->context(), stream->request(), stream);
+  stream->Start();
+}
+
 grpc::Status Client::Complete(const v1::GenerateRequest& request, v1::CompleteResponse* response) {
   grpc::ClientContext context;
   Prepare(&context);

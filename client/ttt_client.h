@@ -40,6 +40,12 @@ class Client {
   // it cancels the call.
   grpc::Status Generate(const v1::GenerateRequest& request,
                         const std::function<bool(const v1::GenerateResponse&)>& on_response);
+  // Starts a streaming generation and returns at once, for drivers of many streams that should
+  // not spend a thread on each: `on_response` sees every message, in order, on one of gRPC's
+  // threads; then `on_done` gets the call's status, and nothing of the call runs after it.
+  void GenerateAsync(const v1::GenerateRequest& request,
+                     std::function<void(const v1::GenerateResponse&)> on_response,
+                     std::function<void(const grpc::Status&)> on_done);
   grpc::Status Complete(const v1::GenerateRequest& request, v1::CompleteResponse* response);
 
   grpc::Status CreateSession(const std::string& id, v1::Session* session);
