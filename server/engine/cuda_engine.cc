@@ -39,29 +39,33 @@ absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
 #define TTT_CUDA(expr) TTT_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 #define TTT_CUBLAS(expr) TTT_RETURN_IF_ERROR(CublasStatus((expr), #expr))
 
-// Owns one device allocation.
-class DeviceBuffer {
+enum class Memory { kDevice, kPinnedHost };
+
+// Owns one allocation of device memory, or of page-locked host memory (copies from that are truly
+// asynchronous and can sit in CUDA graphs).
+template <Memory kMemory>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  CudaBuffer() = default;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
+  CudaBuffer(CudaBuffer&& other) noexcept { *this = std::move(other); }
+  CudaBuffer& operator=(CudaBuffer&& other) noexcept {
     std::swap(data_, other.data_);
     std::swap(bytes_, other.bytes_);
     return *this;
   }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
+  ~CudaBuffer() { Free(); }
 
   // Grows (never shrinks) to at least `bytes`; contents are not kept.
   absl::Status Reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
-    if (data_ != nullptr) cudaFree(data_);
-    data_ = nullptr;
-    bytes_ = 0;
-    TTT_CUDA(cudaMalloc(&data_, bytes));
+    Free();
+    if constexpr (kMemory == Memory::kDevice) {
+      TTT_CUDA(cudaMalloc(&data_, bytes));
+    } else {
+      TTT_CUDA(cudaMallocHost(&data_, bytes));
+    }
     bytes_ = bytes;
     return absl::OkStatus();
   }
@@ -71,41 +75,25 @@ class DeviceBuffer {
     return static_cast<T*>(data_);
   }
   size_t bytes() const { return bytes_; }
-  size_t bytes_reserved() const { return bytes_; }
 
  private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Owns page-locked host memory: copies from it are truly asynchronous and can sit in CUDA graphs.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-  }
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (data_ != nullptr) cudaFreeHost(data_);
+  void Free() {
+    if (data_ == nullptr) return;
+    if constexpr (kMemory == Memory::kDevice) {
+      cudaFree(data_);
+    } else {
+      cudaFreeHost(data_);
+    }
     data_ = nullptr;
     bytes_ = 0;
-    TTT_CUDA(cudaMallocHost(&data_, bytes));
-    bytes_ = bytes;
-    return absl::OkStatus();
   }
-  template <typename T>
-  T* get() const {
-    return static_cast<T*>(data_);
-  }
-  size_t bytes_reserved() const { return bytes_; }
 
- private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+using DeviceBuffer = CudaBuffer<Memory::kDevice>;
+using PinnedBuffer = CudaBuffer<Memory::kPinnedHost>;
 
 // A captured decode step for a fixed number of rows, replayed with new inputs in place.
 class DecodeGraph {
@@ -512,7 +500,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   Scratch& s = scratch_;
   bool grew = false;
   auto reserve = [&](auto& buffer, size_t bytes) {
-    if (bytes > buffer.bytes_reserved()) grew = true;
+    if (bytes > buffer.bytes()) grew = true;
     return buffer.Reserve(bytes);
   };
   TTT_RETURN_IF_ERROR(reserve(s.tokens, R * sizeof(int32_t)));
