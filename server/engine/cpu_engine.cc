@@ -141,6 +141,7 @@ absl::Status CpuEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor
 
 absl::Status CpuEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                 std::vector<float>* logits) {
+  if (default_step_in_flight()) return StepInFlightError();
   TTT_RETURN_IF_ERROR(Validate(batch, which));
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_ops.h"
@@ -163,6 +164,9 @@ class CudaEngine : public Engine {
   absl::Status ForwardAndSample(std::span<const SequenceChunk> batch,
                                 std::span<const SamplingParams> sampling,
                                 std::vector<SampledToken>* tokens) override;
+  absl::Status StartForwardAndSample(std::span<const SequenceChunk> batch,
+                                     std::span<const SamplingParams> sampling) override;
+  absl::Status FinishForwardAndSample(std::vector<SampledToken>* tokens) override;
 
  private:
   cu::ElementType gemm_type() const {
@@ -197,14 +201,14 @@ class CudaEngine : public Engine {
   // one_token_each: no segment has more than one row (a decode step: faster kernels).
   absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows, bool gather,
                               bool sample, bool one_token_each);
-  // Forward (tokens == nullptr) or ForwardAndSample, inputs already validated.
-  absl::Status Run(std::span<const SequenceChunk> batch, LogitsFor which,
-                   std::span<const SamplingParams> sampling, std::vector<float>* logits,
-                   std::vector<SampledToken>* tokens);
+  // Queues Forward (!sample) or ForwardAndSample over a validated batch, advancing the
+  // sequences' lengths; Complete waits for it and hands over its results.
+  absl::Status Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
+                       std::span<const SamplingParams> sampling, bool sample);
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
-  absl::Status DecodeStep(std::span<const SequenceChunk> batch,
-                          std::span<const SamplingParams> sampling, std::vector<float>* logits,
-                          std::vector<SampledToken>* tokens);
+  absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
+                                 std::span<const SamplingParams> sampling, bool sample);
+  absl::Status Complete(std::vector<float>* logits, std::vector<SampledToken>* tokens);
   // Stages row b's sampling parameters, its draw counter the sequence's length after the step.
   void StageSampling(int64_t b, const SamplingParams& params, uint64_t step);
   // Copies the step's results from pinned memory to the caller.
@@ -249,6 +253,12 @@ class CudaEngine : public Engine {
   DeviceBuffer cublas_workspace_;
   // Captured decode steps by (batch-size bucket, whether they sample).
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
+  // The step queued on the stream whose results have not been collected yet.
+  struct PendingStep {
+    bool has_output = false;  // Whether Forward wants logits (LogitsFor::kNone does not).
+    int64_t output_rows = 0;  // Rows of logits, or of sampled tokens.
+  };
+  std::optional<PendingStep> pending_;
 };
 
 absl::Status CudaEngine::Initialize() {
@@ -593,39 +603,52 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
 
 absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::vector<float>* logits) {
+  if (pending_.has_value()) return StepInFlightError();
   TTT_RETURN_IF_ERROR(Validate(batch, which));
-  return Run(batch, which, {}, logits, nullptr);
+  TTT_RETURN_IF_ERROR(Enqueue(batch, which, {}, /*sample=*/false));
+  return Complete(logits, nullptr);
 }
 
 absl::Status CudaEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
                                           std::span<const SamplingParams> sampling,
                                           std::vector<SampledToken>* tokens) {
-  TTT_RETURN_IF_ERROR(Validate(batch, LogitsFor::kLastToken));
-  TTT_RETURN_IF_ERROR(ValidateBatchSampling(batch, sampling));
-  return Run(batch, LogitsFor::kLastToken, sampling, nullptr, tokens);
+  TTT_RETURN_IF_ERROR(StartForwardAndSample(batch, sampling));
+  return FinishForwardAndSample(tokens);
 }
 
-absl::Status CudaEngine::Run(std::span<const SequenceChunk> batch, LogitsFor which,
-                             std::span<const SamplingParams> sampling, std::vector<float>* logits,
-                             std::vector<SampledToken>* tokens) {
-  const bool sample = tokens != nullptr;
+absl::Status CudaEngine::StartForwardAndSample(std::span<const SequenceChunk> batch,
+                                               std::span<const SamplingParams> sampling) {
+  if (pending_.has_value()) return StepInFlightError();
+  TTT_RETURN_IF_ERROR(Validate(batch, LogitsFor::kLastToken));
+  TTT_RETURN_IF_ERROR(ValidateBatchSampling(batch, sampling));
+  return Enqueue(batch, LogitsFor::kLastToken, sampling, /*sample=*/true);
+}
+
+absl::Status CudaEngine::FinishForwardAndSample(std::vector<SampledToken>* tokens) {
+  if (!pending_.has_value()) return NoStepInFlightError();
+  return Complete(nullptr, tokens);
+}
+
+absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
+                                 std::span<const SamplingParams> sampling, bool sample) {
   const bool one_token_each =
       !batch.empty() && std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& chunk) {
         return chunk.tokens.size() == 1;
       });
   if (one_token_each && which != LogitsFor::kNone) {
-    return DecodeStep(batch, sampling, logits, tokens);
+    return EnqueueDecodeStep(batch, sampling, sample);
   }
 
   int64_t rows = 0;
   for (const SequenceChunk& chunk : batch) rows += chunk.tokens.size();
-  if (rows == 0) {
-    if (logits != nullptr) logits->clear();
-    return absl::OkStatus();
-  }
   const int64_t segments = batch.size();
   const int64_t logit_rows =
       which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
+  const bool has_output = which != LogitsFor::kNone;
+  if (rows == 0) {
+    pending_ = PendingStep{.has_output = has_output, .output_rows = 0};
+    return absl::OkStatus();
+  }
   TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments, logit_rows));
   Scratch& s = scratch_;
   int32_t* host_tokens = s.host_tokens.get<int32_t>();
@@ -649,16 +672,14 @@ absl::Status CudaEngine::Run(std::span<const SequenceChunk> batch, LogitsFor whi
   TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
   TTT_RETURN_IF_ERROR(
       EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample, one_token_each));
-  TTT_CUDA(cudaStreamSynchronize(stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
-  if (logit_rows > 0) CollectOutputs(logit_rows, logits, tokens);
+  pending_ = PendingStep{.has_output = has_output, .output_rows = logit_rows};
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
-                                    std::span<const SamplingParams> sampling,
-                                    std::vector<float>* logits, std::vector<SampledToken>* tokens) {
-  const bool sample = tokens != nullptr;
+absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
+                                           std::span<const SamplingParams> sampling,
+                                           bool sample) {
   const int64_t n = batch.size();
   // Buckets are powers of two; the rows past the batch are idle segments (count 0): they name a
   // live slot but read none of its state and change none.
@@ -692,9 +713,15 @@ absl::Status CudaEngine::DecodeStep(std::span<const SequenceChunk> batch,
     graph = std::move(captured);
   }
   TTT_CUDA(cudaGraphLaunch(*graph->exec(), stream_));
-  TTT_CUDA(cudaStreamSynchronize(stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
-  CollectOutputs(n, logits, tokens);
+  pending_ = PendingStep{.has_output = true, .output_rows = n};
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<SampledToken>* tokens) {
+  const PendingStep step = *std::exchange(pending_, std::nullopt);
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  if (step.has_output) CollectOutputs(step.output_rows, logits, tokens);
   return absl::OkStatus();
 }
 

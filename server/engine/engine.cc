@@ -1,12 +1,37 @@
 #include "server/engine/engine.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/util/status_macros.h"
 
 namespace ttt {
+
+absl::Status Engine::StartForwardAndSample(std::span<const SequenceChunk> batch,
+                                           std::span<const SamplingParams> sampling) {
+  if (started_step_.has_value()) return StepInFlightError();
+  std::vector<SampledToken> tokens;
+  TTT_RETURN_IF_ERROR(ForwardAndSample(batch, sampling, &tokens));
+  started_step_ = std::move(tokens);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::FinishForwardAndSample(std::vector<SampledToken>* tokens) {
+  if (!started_step_.has_value()) return NoStepInFlightError();
+  *tokens = *std::exchange(started_step_, std::nullopt);
+  return absl::OkStatus();
+}
+
+absl::Status StepInFlightError() {
+  return absl::FailedPreconditionError(
+      "a step is in flight: FinishForwardAndSample must collect it first");
+}
+
+absl::Status NoStepInFlightError() {
+  return absl::FailedPreconditionError("no step in flight: StartForwardAndSample starts one");
+}
 
 absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
                            int64_t vocab_size,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,6 +77,25 @@ class Engine {
   virtual absl::Status ForwardAndSample(std::span<const SequenceChunk> batch,
                                         std::span<const SamplingParams> sampling,
                                         std::vector<SampledToken>* tokens) = 0;
+
+  // ForwardAndSample in two halves, so that the caller can prepare the next step while the
+  // device computes this one. StartForwardAndSample checks the batch as ForwardAndSample does and
+  // queues the step; from then on its sequences count as advanced (SequenceLength includes it).
+  // FinishForwardAndSample waits for the step and returns its tokens. One step is in flight at a
+  // time: until it is finished, calls on sequences (create, release, fork, save, restore) are
+  // ordered after it, and Forward, ForwardAndSample and a second Start are FailedPrecondition.
+  // Backends that compute synchronously keep this default: Start computes, Finish hands over.
+  virtual absl::Status StartForwardAndSample(std::span<const SequenceChunk> batch,
+                                             std::span<const SamplingParams> sampling);
+  virtual absl::Status FinishForwardAndSample(std::vector<SampledToken>* tokens);
+
+ protected:
+  // Whether the default Start has a result that Finish has not taken.
+  bool default_step_in_flight() const { return started_step_.has_value(); }
+
+ private:
+  // The default Start's result, until Finish takes it.
+  std::optional<std::vector<SampledToken>> started_step_;
 };
 
 // The checks every backend's Forward makes before touching any state: every slot holds a live
@@ -88,5 +108,9 @@ absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which
 // The checks ForwardAndSample makes on `sampling` besides Forward's on `batch`.
 absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
                                    std::span<const SamplingParams> sampling);
+
+// The FailedPrecondition errors of the two-halves protocol.
+absl::Status StepInFlightError();
+absl::Status NoStepInFlightError();
 
 }  // namespace ttt

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <future>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "server/metrics/metrics.h"
@@ -55,6 +56,26 @@ bool GenerationHandle::cancel_requested(FinishReason* reason) {
   return cancel_;
 }
 
+namespace {
+
+// The `n` most likely tokens of a row of logits and their log-probabilities, most likely first.
+std::vector<std::pair<int32_t, float>> TopLogprobs(std::span<const float> logits, int32_t n) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits) sum += std::exp(double(v) - max);
+  const float log_sum = static_cast<float>(std::log(sum)) + max;
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  n = std::min<int32_t>(n, static_cast<int32_t>(ids.size()));
+  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  std::vector<std::pair<int32_t, float>> top;
+  for (int32_t k = 0; k < n; ++k) top.push_back({ids[k], logits[ids[k]] - log_sum});
+  return top;
+}
+
+}  // namespace
+
 // ---- Scheduler state --------------------------------------------------------------------------
 
 struct Scheduler::Session {
@@ -82,6 +103,31 @@ struct Scheduler::Active {
   absl::Time arrival, first_step, first_token, last_token;
 
   bool prefilling() const { return fed < spec.prompt.size(); }
+};
+
+enum class Scheduler::RowKind {
+  kPrompt,      // A chunk of the prompt; the last one picks the first token.
+  kDecode,      // The latest token, to pick the next.
+  kFinalToken,  // A finished session request's last token, absorbed so the session holds it.
+};
+
+// One chunk of a step and the request it belongs to.
+struct Scheduler::Row {
+  Active* owner = nullptr;
+  RowKind kind = RowKind::kDecode;
+  bool samples = false;  // Whether the token chosen after the chunk is the request's.
+};
+
+// A step queued on the engine, until its tokens are collected.
+struct Scheduler::StepInFlight {
+  std::vector<SequenceChunk> batch;
+  std::vector<Row> rows;  // One per chunk of `batch`.
+  int64_t prefill_tokens = 0;
+  // The step ran at once, on Forward, because a request samples from the logits on the host.
+  bool host_sampling = false;
+  std::vector<float> logits;
+  absl::Status status;  // Of queueing (or running) the step.
+  absl::Time start;
 };
 
 Scheduler::Scheduler(std::unique_ptr<Engine> engine, SchedulerOptions options, Metrics* metrics)
@@ -186,7 +232,12 @@ void Scheduler::Loop() {
       for (auto& active : waiting_) active->handle->Cancel(FinishReason::kCancelled);
       for (auto& active : running_) active->handle->Cancel(FinishReason::kCancelled);
     }
-    Step();
+    // Everything but collecting a step's tokens and queueing the next one happens while the
+    // engine computes: the device waits only for the few microseconds between those two.
+    Prepare();
+    if (in_flight_ != nullptr) CompleteStep();
+    LaunchStep();
+    ReleaseFinished();
     delivery_.Post(std::exchange(outbox_, {}));
   }
 }
@@ -293,7 +344,7 @@ absl::StatusOr<SequenceSlot> Scheduler::Admit(Active& active) {
   return active.session->slot;
 }
 
-void Scheduler::Step() {
+void Scheduler::Prepare() {
   const absl::Time now = absl::Now();
   // Requests that arrived: bind sessions (one request per session at a time).
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -324,7 +375,8 @@ void Scheduler::Step() {
     }
   }
 
-  // Cancellations and deadlines, waiting and running alike.
+  // Cancellations and deadlines, waiting and running alike. A running request may have a row in
+  // the step in flight: CompleteStep drops that row's token.
   auto check_cancel = [&](Active& active) {
     FinishReason reason;
     if (active.handle->cancel_requested(&reason)) {
@@ -365,12 +417,13 @@ void Scheduler::Step() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+}
 
+void Scheduler::LaunchStep() {
   // The batch: the final token of finished session requests, one decode token per running
   // sequence, and prefill chunks within the budget.
-  std::vector<SequenceChunk> batch;
-  std::vector<Active*> owners;
-  std::vector<bool> samples;  // Whether a chunk's last position picks a token.
+  in_flight_ = std::make_unique<StepInFlight>();
+  StepInFlight& step = *in_flight_;
   int64_t prefill_budget = options_.prefill_tokens_per_step;
   for (auto& owned : running_) {
     Active& active = *owned;
@@ -382,128 +435,144 @@ void Scheduler::Step() {
       }
     }
     if (active.absorbing_final) {
-      batch.push_back({active.slot, std::span(&active.output.back(), 1)});
-      samples.push_back(false);
+      step.batch.push_back({active.slot, std::span(&active.output.back(), 1)});
+      step.rows.push_back({&active, RowKind::kFinalToken, /*samples=*/false});
     } else if (active.prefilling()) {
       if (prefill_budget <= 0) continue;
       const size_t n = std::min<size_t>(prefill_budget, active.spec.prompt.size() - active.fed);
-      batch.push_back({active.slot, std::span(active.spec.prompt).subspan(active.fed, n)});
-      samples.push_back(active.fed + n == active.spec.prompt.size());
+      step.batch.push_back({active.slot, std::span(active.spec.prompt).subspan(active.fed, n)});
+      step.rows.push_back({&active, RowKind::kPrompt, active.fed + n == active.spec.prompt.size()});
       prefill_budget -= n;
+      step.prefill_tokens += n;
     } else {
-      batch.push_back({active.slot, std::span(&active.output.back(), 1)});
-      samples.push_back(true);
+      step.batch.push_back({active.slot, std::span(&active.output.back(), 1)});
+      step.rows.push_back({&active, RowKind::kDecode, /*samples=*/true});
     }
-    owners.push_back(&active);
+  }
+  if (step.batch.empty()) {
+    in_flight_.reset();
+    return;
   }
 
-  if (!batch.empty()) {
-    // Tokens are chosen on the engine (only ids come back) unless a request needs the logits:
-    // penalties read its history, top_logprobs reads the distribution.
-    bool host_sampling = false;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const GenerationSpec& spec = owners[i]->spec;
-      const SamplingParams& p = spec.sampling;
-      if (samples[i] && (spec.top_logprobs > 0 || p.repetition_penalty != 1.0f ||
-                         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)) {
-        host_sampling = true;
-      }
+  // Tokens are chosen on the engine (only ids come back) unless a request needs the logits:
+  // penalties read its history, top_logprobs reads the distribution. Such a step runs at once.
+  for (const Row& row : step.rows) {
+    const GenerationSpec& spec = row.owner->spec;
+    const SamplingParams& p = spec.sampling;
+    if (row.samples && (spec.top_logprobs > 0 || p.repetition_penalty != 1.0f ||
+                        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)) {
+      step.host_sampling = true;
     }
-    const absl::Time step_start = absl::Now();
-    std::vector<GeneratedToken> chosen(batch.size());
-    absl::Status status;
-    const int64_t V = engine_->config().vocab_size;
-    if (host_sampling) {
-      std::vector<float> logits;
-      status = engine_->Forward(batch, LogitsFor::kLastToken, &logits);
-      for (size_t i = 0; status.ok() && i < batch.size(); ++i) {
-        if (!samples[i]) continue;
-        const Active& active = *owners[i];
-        std::span<const float> row = std::span(logits).subspan(i * V, V);
-        const uint64_t step = *engine_->SequenceLength(active.slot);
-        const SampledToken token =
-            SampleToken(row, active.spec.sampling, active.spec.prompt, active.output, step);
-        chosen[i] = {token.id, token.logprob, {}};
-        if (active.spec.top_logprobs > 0) {
-          const float max = *std::max_element(row.begin(), row.end());
-          double sum = 0;
-          for (float v : row) sum += std::exp(double(v) - max);
-          const float log_sum = static_cast<float>(std::log(sum)) + max;
-          std::vector<int32_t> ids(V);
-          for (int32_t t = 0; t < V; ++t) ids[t] = t;
-          const int32_t n = std::min<int32_t>(active.spec.top_logprobs, V);
-          std::partial_sort(ids.begin(), ids.begin() + n, ids.end(),
-                            [&](int32_t a, int32_t b) { return row[a] > row[b]; });
-          for (int32_t k = 0; k < n; ++k) {
-            chosen[i].top_logprobs.push_back({ids[k], row[ids[k]] - log_sum});
-          }
-        }
-      }
-    } else {
-      std::vector<SamplingParams> params;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        params.push_back(samples[i] ? owners[i]->spec.sampling : SamplingParams{});
-      }
-      std::vector<SampledToken> sampled;
-      status = engine_->ForwardAndSample(batch, params, &sampled);
-      for (size_t i = 0; status.ok() && i < batch.size(); ++i) {
-        chosen[i] = {sampled[i].id, sampled[i].logprob, {}};
-      }
+  }
+  step.start = absl::Now();
+  if (step.host_sampling) {
+    step.status = engine_->Forward(step.batch, LogitsFor::kLastToken, &step.logits);
+  } else {
+    std::vector<SamplingParams> params;
+    params.reserve(step.rows.size());
+    for (const Row& row : step.rows) {
+      params.push_back(row.samples ? row.owner->spec.sampling : SamplingParams{});
     }
-    const absl::Time step_end = absl::Now();
-    if (metrics_ != nullptr) {
-      int64_t prefill_tokens = 0;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        if (owners[i]->prefilling()) prefill_tokens += batch[i].tokens.size();
-      }
-      metrics_->StepFinished(static_cast<int64_t>(batch.size()), prefill_tokens,
-                             step_end - step_start);
-    }
+    step.status = engine_->StartForwardAndSample(step.batch, params);
+  }
+}
 
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Active& active = *owners[i];
-      if (!status.ok()) {
-        if (!active.finish) Finish(active, FinishReason::kCancelled, status);
+void Scheduler::CompleteStep() {
+  const std::unique_ptr<StepInFlight> collected = std::move(in_flight_);
+  StepInFlight& step = *collected;
+  std::vector<GeneratedToken> chosen(step.batch.size());
+  const int64_t V = engine_->config().vocab_size;
+  if (!step.status.ok()) {
+    // Nothing was queued.
+  } else if (step.host_sampling) {
+    for (size_t i = 0; i < step.rows.size(); ++i) {
+      if (!step.rows[i].samples) continue;
+      const Active& active = *step.rows[i].owner;
+      std::span<const float> row = std::span(step.logits).subspan(i * V, V);
+      const uint64_t draw = *engine_->SequenceLength(active.slot);
+      const SampledToken token =
+          SampleToken(row, active.spec.sampling, active.spec.prompt, active.output, draw);
+      chosen[i] = {token.id, token.logprob, {}};
+      if (active.spec.top_logprobs > 0) {
+        chosen[i].top_logprobs = TopLogprobs(row, active.spec.top_logprobs);
+      }
+    }
+  } else {
+    std::vector<SampledToken> sampled;
+    step.status = engine_->FinishForwardAndSample(&sampled);
+    for (size_t i = 0; step.status.ok() && i < sampled.size(); ++i) {
+      chosen[i] = {sampled[i].id, sampled[i].logprob, {}};
+    }
+  }
+  const absl::Time step_end = absl::Now();
+  if (metrics_ != nullptr) {
+    metrics_->StepFinished(static_cast<int64_t>(step.batch.size()), step.prefill_tokens,
+                           step_end - step.start);
+  }
+
+  for (size_t i = 0; i < step.rows.size(); ++i) {
+    const Row& row = step.rows[i];
+    Active& active = *row.owner;
+    if (!step.status.ok()) {
+      if (!active.finish) Finish(active, FinishReason::kCancelled, step.status);
+      active.absorbing_final = false;
+      active.last_output_fed = true;
+      continue;
+    }
+    switch (row.kind) {
+      case RowKind::kFinalToken:
         active.absorbing_final = false;
         active.last_output_fed = true;
         continue;
-      }
-      if (active.absorbing_final) {
-        active.absorbing_final = false;
+      case RowKind::kPrompt:
+        active.fed += step.batch[i].tokens.size();
+        if (metrics_ != nullptr) metrics_->PromptTokens(step.batch[i].tokens.size());
+        break;
+      case RowKind::kDecode:
         active.last_output_fed = true;
-        continue;
-      }
-      if (active.prefilling()) {
-        active.fed += batch[i].tokens.size();
-        if (metrics_ != nullptr) metrics_->PromptTokens(batch[i].tokens.size());
-        if (!samples[i]) continue;
-      } else {
-        active.last_output_fed = true;
-      }
-      const GeneratedToken token = chosen[i];
-      active.output.push_back(token.id);
-      active.last_output_fed = false;
-      const bool first = active.output.size() == 1;
-      if (first) active.first_token = step_end;
-      if (metrics_ != nullptr) {
-        metrics_->TokenGenerated(first, step_end - (first ? active.arrival : active.last_token));
-      }
-      active.last_token = step_end;
-      const StopConditions& stop = active.spec.stop;
-      if (token.id == engine_->config().eos_token_id && !stop.ignore_eos) {
-        Finish(active, FinishReason::kEos, absl::OkStatus(), {token});
-      } else if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token.id) !=
-                 stop.stop_token_ids.end()) {
-        Finish(active, FinishReason::kStop, absl::OkStatus(), {token});
-      } else if (static_cast<int32_t>(active.output.size()) >= stop.max_new_tokens) {
-        Finish(active, FinishReason::kLength, absl::OkStatus(), {token});
-      } else {
-        outbox_.push_back([handle = active.handle, token] { handle->Push({token}); });
-      }
+        break;
+    }
+    // A request that ended while the step ran (cancelled, past its deadline) keeps what its
+    // state absorbed but not the token chosen after it.
+    if (!row.samples || active.finish) continue;
+    const GeneratedToken& token = chosen[i];
+    active.output.push_back(token.id);
+    active.last_output_fed = false;
+    const bool first = active.output.size() == 1;
+    if (first) active.first_token = step_end;
+    const absl::Duration since_previous = step_end - (first ? active.arrival : active.last_token);
+    active.last_token = step_end;
+    const StopConditions& stop = active.spec.stop;
+    std::optional<FinishReason> reason;
+    if (token.id == engine_->config().eos_token_id && !stop.ignore_eos) {
+      reason = FinishReason::kEos;
+    } else if (std::find(stop.stop_token_ids.begin(), stop.stop_token_ids.end(), token.id) !=
+               stop.stop_token_ids.end()) {
+      reason = FinishReason::kStop;
+    } else if (static_cast<int32_t>(active.output.size()) >= stop.max_new_tokens) {
+      reason = FinishReason::kLength;
+    }
+    // The token's metrics are observed on the delivery thread, off the engine's critical path,
+    // and before the caller can see the token.
+    auto count_token = [metrics = metrics_, first, since_previous] {
+      if (metrics != nullptr) metrics->TokenGenerated(first, since_previous);
+    };
+    if (reason.has_value()) {
+      outbox_.push_back(std::move(count_token));
+      Finish(active, *reason, absl::OkStatus(), {token});
+    } else {
+      outbox_.push_back([count_token, handle = active.handle, token] {
+        count_token();
+        handle->Push({token});
+      });
     }
   }
+}
 
-  // Requests that are done (and, for sessions, have absorbed their last token) leave.
+void Scheduler::ReleaseFinished() {
+  // Requests that are done (and, for sessions, have absorbed their last token) leave. None of
+  // them is in the step in flight: LaunchStep queues no row of a finished request but the final
+  // token of a session's, and that one is not done until it has been absorbed.
   for (auto it = running_.begin(); it != running_.end();) {
     Active& active = **it;
     const bool done = active.finish && (active.session == nullptr || active.last_output_fed);

@@ -149,9 +149,18 @@ class Scheduler {
  private:
   struct Session;
   struct Active;
+  enum class RowKind;
+  struct Row;
+  struct StepInFlight;
 
   void Loop();
-  void Step();
+  // One turn of the loop, in this order: Prepare while the engine computes the step in flight
+  // (sessions bound, cancellations, admission), CompleteStep to collect its tokens (and decide
+  // which requests end), LaunchStep to queue the next, ReleaseFinished to free what ended.
+  void Prepare();
+  void CompleteStep();
+  void LaunchStep();
+  void ReleaseFinished();
   // Runs `task` on the scheduler thread and waits for it.
   absl::Status RunOnEngineThread(std::function<absl::Status()> task);
   // A free slot for `active`: fresh, or its session's (restored from host memory if evicted).
@@ -191,6 +200,7 @@ class Scheduler {
   int64_t host_session_bytes_ = 0;
   int64_t resident_sessions_ = 0;  // Sessions whose state is in an engine slot.
   uint64_t next_session_number_ = 0;
+  std::unique_ptr<StepInFlight> in_flight_;  // Queued on the engine, tokens not collected yet.
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
   std::vector<DeliveryThread::Delivery> outbox_;
 

@@ -74,5 +74,34 @@ TEST_F(ForwardAndSampleTest, BadSamplingIsRefusedBeforeAnyStateChanges) {
   EXPECT_EQ(*engine.SequenceLength(slot), 0);
 }
 
+TEST_F(ForwardAndSampleTest, StartAndFinishAreForwardAndSampleInTwoHalves) {
+  CpuEngine engine(model_), reference(model_);
+  const SequenceChunk chunk{*engine.CreateSequence(), golden_.input_ids[0]};
+  const SequenceChunk same{*reference.CreateSequence(), golden_.input_ids[0]};
+  const SamplingParams params{.temperature = 0.8f, .seed = 5};
+  std::vector<SampledToken> expected, sampled;
+  ASSERT_TRUE(reference.ForwardAndSample({&same, 1}, {&params, 1}, &expected).ok());
+
+  EXPECT_EQ(engine.FinishForwardAndSample(&sampled).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine.StartForwardAndSample({&chunk, 1}, {&params, 1}).ok());
+  EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length);
+  // While a step is in flight, no other step may start.
+  std::vector<float> logits;
+  EXPECT_EQ(engine.StartForwardAndSample({&chunk, 1}, {&params, 1}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine.Forward({&chunk, 1}, LogitsFor::kLastToken, &logits).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine.ForwardAndSample({&chunk, 1}, {&params, 1}, &sampled).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine.FinishForwardAndSample(&sampled).ok());
+  ASSERT_EQ(sampled.size(), 1u);
+  EXPECT_EQ(sampled[0].id, expected[0].id);
+  EXPECT_EQ(sampled[0].logprob, expected[0].logprob);
+  EXPECT_EQ(engine.FinishForwardAndSample(&sampled).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length);
+}
+
 }  // namespace
 }  // namespace ttt

@@ -316,6 +316,55 @@ TEST_F(CudaEngineStateTest, ForkAndSaveRestoreContinueExactly) {
   EXPECT_LE(testing::MaxAbsDiff(Feed(cpu, *on_cpu, all.subspan(19)), expected), 1e-4f);
 }
 
+// Between StartForwardAndSample and FinishForwardAndSample the step runs on the device while the
+// caller goes on: calls on sequences made meanwhile see the step's effect, as on the CPU engine
+// where it has already happened. Both kinds of step: decode (one token each, a CUDA graph) and
+// prefill chunks.
+TEST_F(CudaEngineStateTest, CallsWhileAStepIsInFlightComeAfterIt) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+  CpuEngine cpu(model_);
+  const std::span<const int32_t> all(tokens_);
+  const SamplingParams greedy;
+  for (const int64_t chunk_tokens : {1, 7}) {
+    SCOPED_TRACE(absl::StrCat(chunk_tokens, " tokens per chunk"));
+    const SequenceSlot on_gpu = *gpu->CreateSequence(), on_cpu = *cpu.CreateSequence();
+    Feed(*gpu, on_gpu, all.first(19));
+    Feed(cpu, on_cpu, all.first(19));
+    const std::span<const int32_t> next = all.subspan(19, chunk_tokens);
+    const SequenceChunk gpu_chunk{on_gpu, next}, cpu_chunk{on_cpu, next};
+
+    ASSERT_TRUE(gpu->StartForwardAndSample({&gpu_chunk, 1}, {&greedy, 1}).ok());
+    EXPECT_EQ(*gpu->SequenceLength(on_gpu), 19 + chunk_tokens);
+    std::vector<float> logits;
+    EXPECT_EQ(gpu->Forward({&gpu_chunk, 1}, LogitsFor::kLastToken, &logits).code(),
+              absl::StatusCode::kFailedPrecondition);
+    const SequenceSlot fork = *gpu->ForkSequence(on_gpu);
+    const std::string saved = *gpu->SaveSequence(on_gpu);
+    const SequenceSlot fresh = *gpu->CreateSequence();
+    std::vector<SampledToken> from_gpu, from_cpu;
+    ASSERT_TRUE(gpu->FinishForwardAndSample(&from_gpu).ok());
+    ASSERT_TRUE(cpu.ForwardAndSample({&cpu_chunk, 1}, {&greedy, 1}, &from_cpu).ok());
+    ASSERT_EQ(from_gpu.size(), 1u);
+    EXPECT_EQ(from_gpu[0].id, from_cpu[0].id);
+    EXPECT_NEAR(from_gpu[0].logprob, from_cpu[0].logprob, 1e-3);
+
+    // The fork and the saved state hold the step's tokens; the new sequence holds none.
+    const std::span<const int32_t> rest = all.subspan(19 + chunk_tokens);
+    const std::vector<float> expected = Feed(cpu, on_cpu, rest);
+    EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, on_gpu, rest), expected), 1e-3f);
+    EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, fork, rest), expected), 1e-3f);
+    const SequenceSlot restored = *gpu->RestoreSequence(saved);
+    EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, restored, rest), expected), 1e-3f);
+    EXPECT_EQ(*gpu->SequenceLength(fresh), 0);
+    const SequenceSlot fresh_on_cpu = *cpu.CreateSequence();
+    EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, fresh, rest), Feed(cpu, fresh_on_cpu, rest)), 1e-3f);
+    for (SequenceSlot slot : {on_gpu, fork, fresh, restored}) {
+      ASSERT_TRUE(gpu->ReleaseSequence(slot).ok());
+    }
+  }
+}
+
 TEST_F(CudaEngineStateTest, APoolLargerThanTheGpuIsAClearErrorAtStart) {
   auto engine = CreateCudaEngine(model_, {.max_sequences = int64_t{1} << 40});
   ASSERT_FALSE(engine.ok());
