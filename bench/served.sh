@@ -5,13 +5,17 @@
 # Prints the JSON summaries, and where the served time went: the server's engine steps (from its
 # /metrics) and how busy the machine's cores were during the run.
 #   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
+# SERVER_CPUS / LOADGEN_CPUS (taskset lists, e.g. 0-7 and 8-15) keep the two on cores of their
+# own, as when the clients run on other machines.
 set -euo pipefail
 build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((2 * streams))}"
 metrics_port="${6:-9464}"; connections="${7:-1}"
+server_cpus=(); [ -n "${SERVER_CPUS:-}" ] && server_cpus=(taskset -c "$SERVER_CPUS")
+loadgen_cpus=(); [ -n "${LOADGEN_CPUS:-}" ] && loadgen_cpus=(taskset -c "$LOADGEN_CPUS")
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
-"$build/server/ttt-server" --model "$work/model" --host 127.0.0.1 --port 0 \
+"${server_cpus[@]}" "$build/server/ttt-server" --model "$work/model" --host 127.0.0.1 --port 0 \
   --metrics-port "$metrics_port" --max-sequences $((streams + 16)) \
   --max-waiting $((4 * streams)) 2> "$work/server.log" &
 server=$!
@@ -27,35 +31,40 @@ done
   --requests "$streams" --prompt-tokens fixed:16 --output-tokens fixed:32 --progress=false \
   > /dev/null
 
-# Engine steps inside the server, from ttt_step_duration_seconds: "count sum" for decode steps,
-# then for steps with prompt tokens.
-steps() {
+# The server's /metrics, read over bash's /dev/tcp.
+snapshot() {
   exec 3<> "/dev/tcp/127.0.0.1/$metrics_port"
   printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
-  tr -d '\r' <&3 |
-    awk '/^ttt_step_duration_seconds_(count|sum)\{phase="(decode|prefill)"\}/ {
-           split($1, n, "{"); t[n[1] substr($1, index($1, "=") + 2, 1)] = $2 }
-         END { printf "%d %.6f %d %.6f\n", t["ttt_step_duration_seconds_countd"],
-                 t["ttt_step_duration_seconds_sumd"], t["ttt_step_duration_seconds_countp"],
-                 t["ttt_step_duration_seconds_sump"] }'
+  tr -d '\r' <&3 > "$1"
   exec 3<&-
 }
 cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
-read -r decode_before decode_s_before prefill_before prefill_s_before < <(steps)
+snapshot "$work/before.prom"
 read -r busy_before total_before < <(cpu)
-"$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
-  --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
+"${loadgen_cpus[@]}" "$build/client/ttt-loadgen" --server "127.0.0.1:$port" \
+  --concurrency "$streams" --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
 read -r busy_after total_after < <(cpu)
-read -r decode_after decode_s_after prefill_after prefill_s_after < <(steps)
+snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
 echo "served: $served"
-awk -v d=$((decode_after - decode_before)) -v ds="$decode_s_after" -v ds0="$decode_s_before" \
-  -v p=$((prefill_after - prefill_before)) -v ps="$prefill_s_after" -v ps0="$prefill_s_before" \
-  -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
-  -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" \
-  'BEGIN { printf "server: %d decode steps of %.3f ms, %d with prompt tokens of %.3f ms (queued to collected); %.3f ms of wall time per step; cores busy %.0f%%\n",
-           d, 1e3 * (ds - ds0) / d, p, p ? 1e3 * (ps - ps0) / p : 0, 1e3 * wall / (d + p), 100 * b / t }'
+# Engine steps (ttt_step_duration_seconds by phase) and the scheduler thread's time by part of
+# its loop (ttt_scheduler_seconds_total), as differences over the run.
+awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
+  -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" '
+  /^ttt_step_duration_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
+    v[$1] += (FILENAME == ARGV[1] ? -$2 : $2) }
+  END {
+    d = v["ttt_step_duration_seconds_count{phase=\"decode\"}"]
+    p = v["ttt_step_duration_seconds_count{phase=\"prefill\"}"]
+    printf "server: %d decode steps of %.3f ms, %d with prompt tokens of %.3f ms (queued to collected); %.3f ms of wall time per step; cores busy %.0f%%\n",
+      d, 1e3 * v["ttt_step_duration_seconds_sum{phase=\"decode\"}"] / d,
+      p, p ? 1e3 * v["ttt_step_duration_seconds_sum{phase=\"prefill\"}"] / p : 0,
+      1e3 * wall / (d + p), 100 * b / t
+    printf "scheduler thread, ms per step:"
+    for (k in v) if (k ~ /^ttt_scheduler_seconds_total/) {
+      split(k, q, "\""); printf " %s %.3f", q[2], 1e3 * v[k] / (d + p) }
+    printf "\n" }' "$work/before.prom" "$work/after.prom"
 kill -TERM $server; wait $server || true
 for temperature in 0 1; do
   echo "engine (temperature $temperature): $("$build/bench/ttt-bench" --backend cuda \

@@ -90,6 +90,17 @@ Metrics::Metrics(std::string engine_tier)
                           .Help("Sessions brought back from host memory into the engine.")
                           .Register(*registry_).Add({});
   for (const char* phase : {"prefill", "decode"}) step_duration_->Add({{"phase", phase}}, kStepBuckets);
+  auto& scheduler_seconds =
+      BuildCounter()
+          .Name("ttt_scheduler_seconds_total")
+          .Help("Seconds of the scheduler thread by part of its loop; between the end of one "
+                "engine step and the start of the next (collect, launch) the GPU waits.")
+          .Register(*registry_);
+  static constexpr const char* kPhaseLabels[kSchedulerPhases] = {
+      "idle", "session_calls", "prepare", "engine_wait", "collect", "launch", "release"};
+  for (int p = 0; p < kSchedulerPhases; ++p) {
+    scheduler_seconds_[p] = &scheduler_seconds.Add({{"phase", kPhaseLabels[p]}});
+  }
   for (FinishReason r : {FinishReason::kLength, FinishReason::kEos, FinishReason::kStop,
                          FinishReason::kCancelled}) {
     success_->Add({{"finish_reason", ReasonLabel(r)}});
@@ -126,6 +137,10 @@ void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Dur
 }
 
 void Metrics::SessionResumedFromHost() { session_resumes_->Increment(); }
+
+void Metrics::SchedulerTime(SchedulerPhase phase, absl::Duration duration) {
+  scheduler_seconds_[static_cast<int>(phase)]->Increment(absl::ToDoubleSeconds(duration));
+}
 
 void Metrics::SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
                              int64_t total_slots) {

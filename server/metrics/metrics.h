@@ -21,6 +21,18 @@ enum class FinishReason;
 struct GenerationTimes;
 struct SchedulerStats;
 
+// The parts of the scheduler thread's loop, for ttt_scheduler_seconds_total.
+enum class SchedulerPhase {
+  kIdle,         // Waiting for work.
+  kSessionCalls, // Session create, fork, export, ...
+  kPrepare,      // Cancellations, deadlines, admission: while the engine computes.
+  kEngineWait,   // Waiting for the step in flight.
+  kCollect,      // Applying a step's tokens: the GPU is idle from here...
+  kLaunch,       // ...to the next step queued.
+  kRelease,      // Freeing finished requests, handing results to the delivery thread.
+};
+inline constexpr int kSchedulerPhases = 7;
+
 class Metrics {
  public:
   // `engine_tier` labels states in the engine's pool: "gpu" (CUDA backend) or "cpu".
@@ -40,6 +52,7 @@ class Metrics {
   // One engine step: rows in the batch, prompt tokens in it, time taken.
   void StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration);
   void SessionResumedFromHost();
+  void SchedulerTime(SchedulerPhase phase, absl::Duration duration);
   void SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
                       int64_t total_slots);
 
@@ -52,6 +65,7 @@ class Metrics {
   prometheus::Histogram* queue_time_;
   prometheus::Histogram* batch_size_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Counter* scheduler_seconds_[kSchedulerPhases];
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Counter* prompt_tokens_;

@@ -28,9 +28,9 @@ bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update) {
 
 void GenerationHandle::Cancel(FinishReason reason) {
   absl::MutexLock lock(&mutex_);
-  if (cancel_) return;
-  cancel_ = true;
+  if (cancel_.load(std::memory_order_relaxed)) return;
   cancel_reason_ = reason;
+  cancel_.store(true, std::memory_order_release);
 }
 
 void GenerationHandle::Push(std::vector<GeneratedToken> tokens) {
@@ -51,9 +51,11 @@ void GenerationHandle::Finish(std::vector<GeneratedToken> tokens, FinishReason r
 }
 
 bool GenerationHandle::cancel_requested(FinishReason* reason) {
+  // Asked of every running request at every step: no lock unless there is a cancellation.
+  if (!cancel_.load(std::memory_order_acquire)) return false;
   absl::MutexLock lock(&mutex_);
   *reason = cancel_reason_;
-  return cancel_;
+  return true;
 }
 
 namespace {
@@ -203,8 +205,15 @@ SchedulerStats Scheduler::Stats() {
 
 // ---- The loop ---------------------------------------------------------------------------------
 
+void Scheduler::ChargeTime(SchedulerPhase phase) {
+  const absl::Time now = absl::Now();
+  if (metrics_ != nullptr) metrics_->SchedulerTime(phase, now - phase_start_);
+  phase_start_ = now;
+}
+
 void Scheduler::Loop() {
   pthread_setname_np(pthread_self(), "ttt-scheduler");  // As top -H and debuggers show it.
+  phase_start_ = absl::Now();
   while (true) {
     std::deque<std::function<void()>> tasks;
     bool cancel_all = false;
@@ -227,18 +236,23 @@ void Scheduler::Loop() {
       }
       std::swap(cancel_all, cancel_all_);
     }
+    ChargeTime(SchedulerPhase::kIdle);
     for (auto& task : tasks) task();
+    ChargeTime(SchedulerPhase::kSessionCalls);
     if (cancel_all) {
       for (auto& active : waiting_) active->handle->Cancel(FinishReason::kCancelled);
       for (auto& active : running_) active->handle->Cancel(FinishReason::kCancelled);
     }
     // Everything but collecting a step's tokens and queueing the next one happens while the
-    // engine computes: the device waits only for the few microseconds between those two.
+    // engine computes: the device waits only for the time between those two.
     Prepare();
-    if (in_flight_ != nullptr) CompleteStep();
+    ChargeTime(SchedulerPhase::kPrepare);
+    if (in_flight_ != nullptr) CompleteStep();  // Charges kEngineWait and kCollect.
     LaunchStep();
+    ChargeTime(SchedulerPhase::kLaunch);
     ReleaseFinished();
     delivery_.Post(std::exchange(outbox_, {}));
+    ChargeTime(SchedulerPhase::kRelease);
   }
 }
 
@@ -500,6 +514,7 @@ void Scheduler::CompleteStep() {
   } else {
     std::vector<SampledToken> sampled;
     step.status = engine_->FinishForwardAndSample(&sampled);
+    ChargeTime(SchedulerPhase::kEngineWait);
     for (size_t i = 0; step.status.ok() && i < sampled.size(); ++i) {
       chosen[i] = {sampled[i].id, sampled[i].logprob, {}};
     }
@@ -567,6 +582,7 @@ void Scheduler::CompleteStep() {
       });
     }
   }
+  ChargeTime(SchedulerPhase::kCollect);
 }
 
 void Scheduler::ReleaseFinished() {

@@ -7,6 +7,7 @@
 // request; every engine call, session operations included, runs on the scheduler's thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -26,6 +27,7 @@
 namespace ttt {
 
 class Metrics;
+enum class SchedulerPhase;
 
 struct SchedulerOptions {
   int64_t max_waiting = 1024;            // Waiting requests beyond this: RESOURCE_EXHAUSTED.
@@ -95,7 +97,7 @@ class GenerationHandle {
   absl::Mutex mutex_;
   GenerationUpdate pending_ ABSL_GUARDED_BY(mutex_);
   bool has_news_ ABSL_GUARDED_BY(mutex_) = false;
-  bool cancel_ ABSL_GUARDED_BY(mutex_) = false;
+  std::atomic<bool> cancel_ = false;  // Set (under mutex_) after cancel_reason_.
   FinishReason cancel_reason_ ABSL_GUARDED_BY(mutex_) = FinishReason::kCancelled;
 };
 
@@ -161,6 +163,8 @@ class Scheduler {
   void CompleteStep();
   void LaunchStep();
   void ReleaseFinished();
+  // Adds the time since the previous call to `phase` in the metrics.
+  void ChargeTime(SchedulerPhase phase);
   // Runs `task` on the scheduler thread and waits for it.
   absl::Status RunOnEngineThread(std::function<absl::Status()> task);
   // A free slot for `active`: fresh, or its session's (restored from host memory if evicted).
@@ -200,6 +204,7 @@ class Scheduler {
   int64_t host_session_bytes_ = 0;
   int64_t resident_sessions_ = 0;  // Sessions whose state is in an engine slot.
   uint64_t next_session_number_ = 0;
+  absl::Time phase_start_;  // Of the loop's current part, for ChargeTime.
   std::unique_ptr<StepInFlight> in_flight_;  // Queued on the engine, tokens not collected yet.
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
   std::vector<DeliveryThread::Delivery> outbox_;
