@@ -94,10 +94,10 @@ Metrics::Metrics(std::string engine_tier)
       BuildCounter()
           .Name("ttt_scheduler_seconds_total")
           .Help("Seconds of the scheduler thread by part of its loop; between the end of one "
-                "engine step and the start of the next (collect, launch) the GPU waits.")
+                "engine step and the start of the next (collect, batch, launch) the GPU waits.")
           .Register(*registry_);
   static constexpr const char* kPhaseLabels[kSchedulerPhases] = {
-      "idle", "session_calls", "prepare", "engine_wait", "collect", "launch", "release"};
+      "idle", "session_calls", "prepare", "engine_wait", "collect", "batch", "launch", "release"};
   for (int p = 0; p < kSchedulerPhases; ++p) {
     scheduler_seconds_[p] = &scheduler_seconds.Add({{"phase", kPhaseLabels[p]}});
   }

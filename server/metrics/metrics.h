@@ -28,10 +28,11 @@ enum class SchedulerPhase {
   kPrepare,      // Cancellations, deadlines, admission: while the engine computes.
   kEngineWait,   // Waiting for the step in flight.
   kCollect,      // Applying a step's tokens: the GPU is idle from here...
-  kLaunch,       // ...to the next step queued.
+  kBatch,        // ...through choosing the next step's rows...
+  kLaunch,       // ...to the engine having queued it.
   kRelease,      // Freeing finished requests, handing results to the delivery thread.
 };
-inline constexpr int kSchedulerPhases = 7;
+inline constexpr int kSchedulerPhases = 8;
 
 class Metrics {
  public:

@@ -478,6 +478,7 @@ void Scheduler::LaunchStep() {
       step.host_sampling = true;
     }
   }
+  ChargeTime(SchedulerPhase::kBatch);
   step.start = absl::Now();
   if (step.host_sampling) {
     step.status = engine_->Forward(step.batch, LogitsFor::kLastToken, &step.logits);
