@@ -7,16 +7,18 @@ starting with the embedding gather):
     ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \\
         build-gpu/bench/ttt-bench --backend cuda --preset 1b --batch 256 --steps 1 --warmup 1 \\
         --offset 16 > step.csv
-    bench/kernel_breakdown.py step.csv
+    bench/kernel_breakdown.py step.csv [STEP]
 
-Prints, per kernel name, the launches, the total and the mean microseconds, largest first.
+STEP picks another run of kernels by Python index (-2: the one before the last, such as the
+prefill before a single decode step). Prints, per kernel name, the launches, the total and the
+mean microseconds, largest first.
 """
 import collections
 import csv
 import sys
 
 
-def main(path):
+def main(path, which=-1):
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     header_at = next(i for i, row in enumerate(rows) if row and row[0] == "ID")
@@ -27,7 +29,9 @@ def main(path):
     starts = [i for i, (name, _) in enumerate(kernels) if "EmbeddingGather" in name]
     if not starts:
         sys.exit("no embedding gather in the profile: not an engine step")
-    step = kernels[starts[-1]:]
+    bounds = starts + [len(kernels)]
+    at = range(len(starts))[which]
+    step = kernels[bounds[at]:bounds[at + 1]]
     totals = collections.defaultdict(lambda: [0, 0.0])
     for name, ns in step:
         short = name.split("(")[0].replace("void ", "")
@@ -41,6 +45,6 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else -1)
