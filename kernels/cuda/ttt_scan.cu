@@ -355,6 +355,231 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Prefill, TTT-Linear: the tokens of a window at once, in the dual form (spec §3.7). One block of
+// RoundUpToWarp(f) threads per (sequence, head) walks the sequence's windows in order, θ0 in
+// shared memory throughout. Per window: z = k·W1 + b1 and zq = q·W1 + b1 for all its tokens with
+// thread c owning column c (θ0 read once per window, not once per token); then a warp per token
+// for what reduces over columns (the gradient, q·k_j, the output LayerNorm); the commit updates
+// θ0 in place. A chunk may start inside a window: the open window's pending rows come from the
+// state, and the rows of a window left open go back to it. Every load into shared memory is a
+// cp.async, so that a block has all of a window's rows (and θ0) in flight at once.
+constexpr int kPrefillWindow = 16;  // K of this kernel (every known model; others: the general one).
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    TttPrefillLinearKernel(TttScanParams p, const Segment* segments, const float* q_all,
+                           const float* k_all, const float* v_all, const float* lr_all,
+                           StateAddress state, TttStateOffsets off, float* out_all) {
+  constexpr int K = kPrefillWindow, kWarps = kThreads / kWarp, kColumnsPerLane = 2;
+  extern __shared__ float4 dynamic4[];
+  __shared__ float lrs[K];
+  __shared__ float coef[K][K + 1];  // τ_r·lr_j·(q_r·k_j + 1), j ≤ r.
+  const int f = p.f, nh = p.nh, D = nh * f;
+  float* w1 = reinterpret_cast<float*>(dynamic4);  // [f, f]
+  float* keys = w1 + f * f;                         // [K, f]
+  float* grads = keys + K * f;                      // [K, f]
+  float* queries = grads + K * f;                   // [K, f]
+  float* values = queries + K * f;                  // [K, f]
+  float* z = values + K * f;                        // [K, f]: k·W1 + b1, then z̄
+
+  const Segment seg = segments[blockIdx.x / nh];
+  if (seg.count == 0) return;
+  const int head = blockIdx.x % nh;
+  float* base = SequenceState(state, seg.slot);
+  float* W1 = base + off.W1 + static_cast<size_t>(head) * f * f;
+  float* b1 = base + off.b1 + head * f;
+  float* pk = base + off.k + head * K * f;
+  float* pg = base + off.g1 + head * K * f;
+  float* plr = base + off.lr + head * K;
+
+  const int c = threadIdx.x, lane = c % kWarp, warp = c / kWarp;
+  const bool active = c < f;
+  const int open = static_cast<int>(seg.start % K);  // Pending rows of the window it starts in.
+  // 16-byte copies: f is a multiple of 4, and so is every row's offset.
+  auto copy_async = [](float* to, const float* from, int floats) {
+    for (int i = 4 * threadIdx.x; i < floats; i += 4 * kThreads) {
+      __pipeline_memcpy_async(to + i, from + i, 16);
+    }
+  };
+  copy_async(w1, W1, f * f);
+  copy_async(keys, pk, open * f);
+  copy_async(grads, pg, open * f);
+  __pipeline_commit();
+  if (c < open) lrs[c] = plr[c];
+  float bias = active ? b1[c] : 0.0f;
+  // The columns a lane covers when a warp works on one token.
+  float gamma[kColumnsPerLane], beta[kColumnsPerLane];
+  for (int m = 0; m < kColumnsPerLane; ++m) {
+    const int col = lane + m * kWarp;
+    gamma[m] = col < f ? p.ln_weight[head * f + col] : 0.0f;
+    beta[m] = col < f ? p.ln_bias[head * f + col] : 0.0f;
+  }
+
+  bool committed = false;
+  int r0 = open, r1 = open - 1;
+  for (int done = 0; done < seg.count; done += r1 - r0 + 1) {
+    r0 = static_cast<int>((seg.start + done) % K);
+    r1 = r0 + min(K - r0, seg.count - done) - 1;
+    const int64_t row0 = seg.row + done - r0;  // The row window index 0 would have.
+    for (int e = 4 * c; e < (r1 - r0 + 1) * f; e += 4 * kThreads) {
+      const int r = r0 + e / f, col = e % f;
+      const int64_t at = (row0 + r) * D + head * f + col;
+      __pipeline_memcpy_async(&queries[r * f + col], &q_all[at], 16);
+      __pipeline_memcpy_async(&keys[r * f + col], &k_all[at], 16);
+      __pipeline_memcpy_async(&values[r * f + col], &v_all[at], 16);
+    }
+    __pipeline_commit();
+    if (c >= r0 && c <= r1) lrs[c] = lr_all[(row0 + c) * nh + head];
+    __pipeline_wait_prior(0);
+    __syncthreads();
+
+    float zq[K];
+    if (active) {
+      float z1[K];
+#pragma unroll
+      for (int r = 0; r < K; ++r) z1[r] = zq[r] = bias;
+      for (int d = 0; d < f; d += 4) {
+        const float w[4] = {w1[d * f + c], w1[(d + 1) * f + c], w1[(d + 2) * f + c],
+                            w1[(d + 3) * f + c]};
+#pragma unroll
+        for (int r = 0; r < K; ++r) {
+          if (r < r0 || r > r1) continue;
+          const float4 kr = *reinterpret_cast<const float4*>(&keys[r * f + d]);
+          const float4 qr = *reinterpret_cast<const float4*>(&queries[r * f + d]);
+          z1[r] += kr.x * w[0] + kr.y * w[1] + kr.z * w[2] + kr.w * w[3];
+          zq[r] += qr.x * w[0] + qr.y * w[1] + qr.z * w[2] + qr.w * w[3];
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < K; ++r) {
+        if (r >= r0 && r <= r1) z[r * f + c] = z1[r];
+      }
+    }
+    __syncthreads();
+
+    // A warp per token: its gradient at θ0 (spec §3.5), and q_r·k_j for j ≤ r.
+    for (int r = r0 + warp; r <= r1; r += kWarps) {
+      float zc[kColumnsPerLane], sum = 0;
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        const int col = lane + m * kWarp;
+        zc[m] = col < f ? z[r * f + col] : 0.0f;
+        sum += zc[m];
+      }
+      const float mean = WarpSum(sum) / f;
+      float square = 0;
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        zc[m] = lane + m * kWarp < f ? zc[m] - mean : 0.0f;
+        square += zc[m] * zc[m];
+      }
+      const float inv_std = rsqrtf(WarpSum(square) / f + p.ln_eps);
+      float e[kColumnsPerLane], sum_e = 0, sum_e_xhat = 0;
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        const int col = lane + m * kWarp;
+        const float xhat = zc[m] * inv_std;
+        const float target = col < f ? values[r * f + col] - keys[r * f + col] : 0.0f;
+        e[m] = col < f ? gamma[m] * ((gamma[m] * xhat + beta[m]) - target) : 0.0f;
+        sum_e += e[m];
+        sum_e_xhat += e[m] * xhat;
+      }
+      sum_e = WarpSum(sum_e);
+      sum_e_xhat = WarpSum(sum_e_xhat);
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        const int col = lane + m * kWarp;
+        const float xhat = zc[m] * inv_std;
+        if (col < f) grads[r * f + col] = (f * e[m] - sum_e - xhat * sum_e_xhat) * inv_std / f;
+      }
+      for (int j = 0; j <= r; ++j) {
+        float dot = 0;
+        for (int col = lane; col < f; col += kWarp) dot += queries[r * f + col] * keys[j * f + col];
+        dot = WarpSum(dot);
+        if (lane == 0) coef[r][j] = p.tau[r] * lrs[j] * (dot + 1.0f);
+      }
+    }
+    __syncthreads();
+
+    // z̄_r = zq_r − Σ_{j≤r} coef[r][j]·g_j, thread c owning column c.
+    float g[K];
+    if (active) {
+#pragma unroll
+      for (int j = 0; j < K; ++j) g[j] = j <= r1 ? grads[j * f + c] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < K; ++r) {
+        if (r < r0 || r > r1) continue;
+        float zbar = zq[r];
+#pragma unroll
+        for (int j = 0; j <= r; ++j) zbar -= coef[r][j] * g[j];
+        z[r * f + c] = zbar;
+      }
+    }
+    __syncthreads();
+
+    // A warp per token: out = q + LN(z̄).
+    for (int r = r0 + warp; r <= r1; r += kWarps) {
+      const int64_t at = (row0 + r) * D + head * f;
+      float zc[kColumnsPerLane], sum = 0;
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        const int col = lane + m * kWarp;
+        zc[m] = col < f ? z[r * f + col] : 0.0f;
+        sum += zc[m];
+      }
+      const float mean = WarpSum(sum) / f;
+      float square = 0;
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        zc[m] = lane + m * kWarp < f ? zc[m] - mean : 0.0f;
+        square += zc[m] * zc[m];
+      }
+      const float inv_std = rsqrtf(WarpSum(square) / f + p.ln_eps);
+      for (int m = 0; m < kColumnsPerLane; ++m) {
+        const int col = lane + m * kWarp;
+        if (col < f) {
+          out_all[at + col] = queries[r * f + col] + gamma[m] * zc[m] * inv_std + beta[m];
+        }
+      }
+    }
+
+    // The window's last token: θ0 becomes θ̄, W1 −= Σ_j τ·lr_j·k_jᵀ g_j, b1 −= Σ_j τ·lr_j·g_j.
+    if (r1 == K - 1) {
+      if (active) {
+        const float tau_last = p.tau[K - 1];
+        float update_b = 0;
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          g[j] *= tau_last * lrs[j];
+          update_b += g[j];
+        }
+        for (int d = 0; d < f; ++d) {
+          float update = 0;
+#pragma unroll
+          for (int j = 0; j < K; ++j) update += keys[j * f + d] * g[j];
+          w1[d * f + c] -= update;
+        }
+        bias -= update_b;
+      }
+      committed = true;
+    }
+    __syncthreads();  // The window's rows are read before the next window's overwrite them.
+  }
+
+  if (active && committed) {
+    for (int d = 0; d < f; ++d) W1[d * f + c] = w1[d * f + c];
+    b1[c] = bias;
+  }
+  // A window left open keeps its new rows pending in the state.
+  if (r1 < K - 1) {
+    if (active) {
+      for (int j = r0; j <= r1; ++j) {
+        pk[j * f + c] = keys[j * f + c];
+        pg[j * f + c] = grads[j * f + c];
+      }
+    }
+    if (c >= r0 && c <= r1) plr[c] = lrs[c];
+  }
+}
+
+size_t PrefillSharedBytes(const TttScanParams& params) {
+  return sizeof(float) * (params.f * params.f + 5 * kPrefillWindow * params.f);
+}
+
 size_t DecodeSharedBytes(const TttScanParams& params) {
   return sizeof(float) * (2 * params.f + 2 * params.K * params.f + params.f * params.f);
 }
@@ -389,6 +614,23 @@ cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segm
     }
     return LaunchDecodeLinear<64>(params, segments, num_segments, q, k, v, lr, state, offsets, out,
                                   stream);
+  }
+  // The prefill kernel's 16-byte copies need rows and state parts on 16-byte boundaries.
+  const bool aligned = params.f % 4 == 0 && state.slot_floats % 4 == 0 &&
+                       state.layer_offset % 4 == 0 && offsets.W1 % 4 == 0 && offsets.k % 4 == 0 &&
+                       offsets.g1 % 4 == 0;
+  if (!params.mlp && params.K == kPrefillWindow && params.f <= 2 * kWarp && aligned &&
+      PrefillSharedBytes(params) <= kDefaultSharedBytes) {
+    const size_t shared_bytes = PrefillSharedBytes(params);
+    if (params.f <= kWarp) {
+      TttPrefillLinearKernel<kWarp><<<num_segments * params.nh, kWarp, shared_bytes, stream>>>(
+          params, segments, q, k, v, lr, state, offsets, out);
+    } else {
+      TttPrefillLinearKernel<2 * kWarp>
+          <<<num_segments * params.nh, 2 * kWarp, shared_bytes, stream>>>(
+              params, segments, q, k, v, lr, state, offsets, out);
+    }
+    return cudaGetLastError();
   }
   const int threads = RoundUpToWarp(params.f1);
   const size_t shared_bytes =
