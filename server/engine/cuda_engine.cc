@@ -4,9 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_ops.h"
@@ -214,7 +216,7 @@ class CudaEngine : public Engine {
   // Copies the step's results from pinned memory to the caller.
   void CollectOutputs(int64_t rows, std::vector<float>* logits,
                       std::vector<SampledToken>* tokens) const;
-  // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in].
+  // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
@@ -504,14 +506,25 @@ absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFo
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {
   const ModelConfig& c = model_->config;
-  const size_t R = std::max<int64_t>(rows, 1), S = std::max<int64_t>(segments, 1);
-  const size_t L = std::max<int64_t>(logit_rows, 1), D = c.hidden_size, I = c.intermediate_size;
+  // Powers of two, so that steps of slowly varying sizes (prefill chunks next to decode rows) do
+  // not grow the buffers, and retire the decode graphs, again and again.
+  auto capacity = [](int64_t n) {
+    return std::bit_ceil(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  };
+  const size_t R = capacity(rows), S = capacity(segments), L = capacity(logit_rows);
+  const size_t D = c.hidden_size, I = c.intermediate_size;
   const size_t nh = c.num_attention_heads, g = gemm_element_bytes(), f4 = sizeof(float);
   Scratch& s = scratch_;
   bool grew = false;
-  auto reserve = [&](auto& buffer, size_t bytes) {
-    if (bytes > buffer.bytes()) grew = true;
-    return buffer.Reserve(bytes);
+  auto reserve = [&](auto& buffer, size_t bytes) -> absl::Status {
+    if (bytes <= buffer.bytes()) return absl::OkStatus();
+    grew = true;
+    TTT_RETURN_IF_ERROR(buffer.Reserve(bytes));
+    // Rows past a step's own are read by its GEMMs (see Gemm): never uninitialised memory.
+    if constexpr (std::is_same_v<std::decay_t<decltype(buffer)>, DeviceBuffer>) {
+      TTT_CUDA(cudaMemsetAsync(buffer.get(), 0, buffer.bytes(), stream_));
+    }
+    return absl::OkStatus();
   };
   TTT_RETURN_IF_ERROR(reserve(s.tokens, R * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.row_segment, R * sizeof(int32_t)));
@@ -590,6 +603,12 @@ void CudaEngine::CollectOutputs(int64_t rows, std::vector<float>* logits,
 absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
                               float* y, bool accumulate) {
   if (rows == 0) return absl::OkStatus();
+  // Each new shape costs cuBLAS a heuristic query and perhaps loading a kernel, milliseconds in
+  // all, and prefill steps come in every size: rows are rounded up to a few shapes. The buffers
+  // have room (EnsureScratch sizes them to powers of two); the extra rows are scratch.
+  constexpr int64_t kRowMultiple = 256;
+  rows = rows < kRowMultiple ? std::bit_ceil(static_cast<uint64_t>(rows))
+                             : (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t type =
       options_.precision == WeightPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
