@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "server/engine/cpu_engine.h"
 #include "tests/server/test_server.h"
 #include "tests/test_support.h"
