@@ -355,6 +355,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A warp's LayerNorm of one row of f ≤ 64 values, lane owning columns lane and lane + 32: the
+// centred values (zero past f) in `centred`, and 1/s returned.
+__device__ __forceinline__ float CentreRow(const float* row, int f, float eps,
+                                           float (&centred)[2]) {
+  const int lane = threadIdx.x % kWarp;
+  float sum = 0;
+  for (int m = 0; m < 2; ++m) {
+    const int col = lane + m * kWarp;
+    centred[m] = col < f ? row[col] : 0.0f;
+    sum += centred[m];
+  }
+  const float mean = WarpSum(sum) / f;
+  float square = 0;
+  for (int m = 0; m < 2; ++m) {
+    centred[m] = lane + m * kWarp < f ? centred[m] - mean : 0.0f;
+    square += centred[m] * centred[m];
+  }
+  return rsqrtf(WarpSum(square) / f + eps);
+}
+
 // Prefill, TTT-Linear: the tokens of a window at once, in the dual form (spec §3.7). One block of
 // RoundUpToWarp(f) threads per (sequence, head) walks the sequence's windows in order, θ0 in
 // shared memory throughout. Per window: z = k·W1 + b1 and zq = q·W1 + b1 for all its tokens with
@@ -459,19 +479,8 @@ __global__ void __launch_bounds__(kThreads)
 
     // A warp per token: its gradient at θ0 (spec §3.5), and q_r·k_j for j ≤ r.
     for (int r = r0 + warp; r <= r1; r += kWarps) {
-      float zc[kColumnsPerLane], sum = 0;
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        const int col = lane + m * kWarp;
-        zc[m] = col < f ? z[r * f + col] : 0.0f;
-        sum += zc[m];
-      }
-      const float mean = WarpSum(sum) / f;
-      float square = 0;
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        zc[m] = lane + m * kWarp < f ? zc[m] - mean : 0.0f;
-        square += zc[m] * zc[m];
-      }
-      const float inv_std = rsqrtf(WarpSum(square) / f + p.ln_eps);
+      float zc[kColumnsPerLane];
+      const float inv_std = CentreRow(&z[r * f], f, p.ln_eps, zc);
       float e[kColumnsPerLane], sum_e = 0, sum_e_xhat = 0;
       for (int m = 0; m < kColumnsPerLane; ++m) {
         const int col = lane + m * kWarp;
@@ -516,19 +525,8 @@ __global__ void __launch_bounds__(kThreads)
     // A warp per token: out = q + LN(z̄).
     for (int r = r0 + warp; r <= r1; r += kWarps) {
       const int64_t at = (row0 + r) * D + head * f;
-      float zc[kColumnsPerLane], sum = 0;
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        const int col = lane + m * kWarp;
-        zc[m] = col < f ? z[r * f + col] : 0.0f;
-        sum += zc[m];
-      }
-      const float mean = WarpSum(sum) / f;
-      float square = 0;
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        zc[m] = lane + m * kWarp < f ? zc[m] - mean : 0.0f;
-        square += zc[m] * zc[m];
-      }
-      const float inv_std = rsqrtf(WarpSum(square) / f + p.ln_eps);
+      float zc[kColumnsPerLane];
+      const float inv_std = CentreRow(&z[r * f], f, p.ln_eps, zc);
       for (int m = 0; m < kColumnsPerLane; ++m) {
         const int col = lane + m * kWarp;
         if (col < f) {
