@@ -4,11 +4,12 @@
 // sequence can stop and resume anywhere), its output is the dual-form row over the window's tokens
 // up to itself, and after a window's last token θ0 is rewritten.
 //
-// Two kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP): thread c owns
+// Three kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP): thread c owns
 // column c of W1 (and row c of W2), so the pass over θ0 for a token reads every weight once,
 // coalesced; θ0 stays in device memory (L1/L2-cached) across tokens. The decode one (TTT-Linear,
 // one token per sequence, the hot path of serving) copies θ0 to shared memory asynchronously, so
-// that all of it is in flight at once, and pairs independent reductions on one barrier.
+// that all of it is in flight at once, and pairs independent reductions on one barrier. The
+// prefill one (TTT-Linear, K = 16) takes a window's tokens at once in the dual form.
 #include <cuda_pipeline.h>
 
 #include "kernels/cuda/common.cuh"
@@ -355,52 +356,68 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// A warp's LayerNorm of one row of f ≤ 64 values, lane owning columns lane and lane + 32: the
-// centred values (zero past f) in `centred`, and 1/s returned.
-__device__ __forceinline__ float CentreRow(const float* row, int f, float eps,
-                                           float (&centred)[2]) {
-  const int lane = threadIdx.x % kWarp;
-  float sum = 0;
-  for (int m = 0; m < 2; ++m) {
-    const int col = lane + m * kWarp;
-    centred[m] = col < f ? row[col] : 0.0f;
-    sum += centred[m];
+// Prefill, TTT-Linear: the tokens of a window at once, in the dual form (spec §3.7). One block per
+// (sequence, head) walks the sequence's windows in order, θ0 in shared memory throughout. Threads
+// take two shapes:
+// - by column, for the products with θ0: thread (c, h) owns column c and half h of the window's
+//   tokens, so each pass over W1 reads every weight once for eight tokens (z = k·W1 + b1,
+//   zq = q·W1 + b1, the commit's W1 −= Σ_j τ·lr_j·k_jᵀ g_j);
+// - by token, for what reduces over columns: eight lanes per token, each with f/8 columns, so a
+//   LayerNorm's sum is three shuffles and all of a window's tokens reduce at once (the gradient at
+//   θ0, q_r·k_j, the output's LayerNorm).
+// A chunk may start inside a window: the open window's pending rows come from the state, and the
+// rows of a window left open go back to it. Loads into shared memory are cp.async, so a block has
+// all of a window's rows (and θ0) in flight at once.
+constexpr int kPrefillWindow = 16;  // K of this kernel (every known model; others: the general one).
+constexpr int kPrefillMaxF = 64;
+constexpr int kLanesPerToken = 8;
+constexpr int kPrefillThreads = kPrefillWindow * kLanesPerToken;
+static_assert(kPrefillThreads == 2 * kPrefillMaxF, "two halves of the tokens per column");
+// Shared rows are f + 8 floats apart: the four tokens a warp covers then fall in distinct banks.
+constexpr int kPrefillRowPad = 8;
+
+// Sum over the kLanesPerToken lanes of one token (consecutive lanes, within a warp).
+__device__ __forceinline__ float TokenSum(float v) {
+  for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   }
-  const float mean = WarpSum(sum) / f;
-  float square = 0;
-  for (int m = 0; m < 2; ++m) {
-    centred[m] = lane + m * kWarp < f ? centred[m] - mean : 0.0f;
-    square += centred[m] * centred[m];
-  }
-  return rsqrtf(WarpSum(square) / f + eps);
+  return v;
 }
 
-// Prefill, TTT-Linear: the tokens of a window at once, in the dual form (spec §3.7). One block of
-// RoundUpToWarp(f) threads per (sequence, head) walks the sequence's windows in order, θ0 in
-// shared memory throughout. Per window: z = k·W1 + b1 and zq = q·W1 + b1 for all its tokens with
-// thread c owning column c (θ0 read once per window, not once per token); then a warp per token
-// for what reduces over columns (the gradient, q·k_j, the output LayerNorm); the commit updates
-// θ0 in place. A chunk may start inside a window: the open window's pending rows come from the
-// state, and the rows of a window left open go back to it. Every load into shared memory is a
-// cp.async, so that a block has all of a window's rows (and θ0) in flight at once.
-constexpr int kPrefillWindow = 16;  // K of this kernel (every known model; others: the general one).
+// The LayerNorm of one token's row spread over its lanes (lane s holds columns s + 8m, zero past
+// f): the row centred in place, and 1/s returned.
+__device__ __forceinline__ float CentreTokenRow(float (&row)[kPrefillMaxF / kLanesPerToken], int f,
+                                                int s, float eps) {
+  constexpr int kColumns = kPrefillMaxF / kLanesPerToken;
+  float sum = 0;
+#pragma unroll
+  for (int m = 0; m < kColumns; ++m) sum += row[m];
+  const float mean = TokenSum(sum) / f;
+  float square = 0;
+#pragma unroll
+  for (int m = 0; m < kColumns; ++m) {
+    row[m] = s + m * kLanesPerToken < f ? row[m] - mean : 0.0f;
+    square += row[m] * row[m];
+  }
+  return rsqrtf(TokenSum(square) / f + eps);
+}
 
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kPrefillThreads, 4)
     TttPrefillLinearKernel(TttScanParams p, const Segment* segments, const float* q_all,
                            const float* k_all, const float* v_all, const float* lr_all,
                            StateAddress state, TttStateOffsets off, float* out_all) {
-  constexpr int K = kPrefillWindow, kWarps = kThreads / kWarp, kColumnsPerLane = 2;
+  constexpr int K = kPrefillWindow, kHalf = K / 2, kColumns = kPrefillMaxF / kLanesPerToken;
   extern __shared__ float4 dynamic4[];
   __shared__ float lrs[K];
   __shared__ float coef[K][K + 1];  // τ_r·lr_j·(q_r·k_j + 1), j ≤ r.
-  const int f = p.f, nh = p.nh, D = nh * f;
-  float* w1 = reinterpret_cast<float*>(dynamic4);  // [f, f]
-  float* keys = w1 + f * f;                         // [K, f]
-  float* grads = keys + K * f;                      // [K, f]
-  float* queries = grads + K * f;                   // [K, f]
-  float* values = queries + K * f;                  // [K, f]
-  float* z = values + K * f;                        // [K, f]: k·W1 + b1, then z̄
+  __shared__ float gamma[kPrefillMaxF], beta[kPrefillMaxF];  // The inner LayerNorm's.
+  const int f = p.f, nh = p.nh, D = nh * f, P = f + kPrefillRowPad;
+  float* w1 = reinterpret_cast<float*>(dynamic4);  // [f, P]
+  float* keys = w1 + f * P;                         // [K, P]
+  float* grads = keys + K * P;                      // [K, P]
+  float* queries = grads + K * P;                   // [K, P]
+  float* values = queries + K * P;                  // [K, P]
+  float* z = values + K * P;                        // [K, P]: k·W1 + b1, then z̄
 
   const Segment seg = segments[blockIdx.x / nh];
   if (seg.count == 0) return;
@@ -412,27 +429,31 @@ __global__ void __launch_bounds__(kThreads)
   float* pg = base + off.g1 + head * K * f;
   float* plr = base + off.lr + head * K;
 
-  const int c = threadIdx.x, lane = c % kWarp, warp = c / kWarp;
-  const bool active = c < f;
-  const int open = static_cast<int>(seg.start % K);  // Pending rows of the window it starts in.
-  // 16-byte copies: f is a multiple of 4, and so is every row's offset.
-  auto copy_async = [](float* to, const float* from, int floats) {
-    for (int i = 4 * threadIdx.x; i < floats; i += 4 * kThreads) {
-      __pipeline_memcpy_async(to + i, from + i, 16);
+  // By column: thread (c, h).
+  const int c = threadIdx.x % kPrefillMaxF, h = threadIdx.x / kPrefillMaxF;
+  const bool column_active = c < f;
+  // By token: thread (t, s).
+  const int t = threadIdx.x / kLanesPerToken, s = threadIdx.x % kLanesPerToken;
+
+  // rows × f floats from `from` (row stride from_stride) into shared rows P apart, 16 bytes per
+  // copy: f is a multiple of 4, and so is every row's offset.
+  auto copy_rows_async = [&](float* to, const float* from, int64_t from_stride, int rows) {
+    const int quads = f / 4;
+    for (int i = threadIdx.x; i < rows * quads; i += kPrefillThreads) {
+      const int row = i / quads, col = 4 * (i % quads);
+      __pipeline_memcpy_async(to + row * P + col, from + row * from_stride + col, 16);
     }
   };
-  copy_async(w1, W1, f * f);
-  copy_async(keys, pk, open * f);
-  copy_async(grads, pg, open * f);
+  const int open = static_cast<int>(seg.start % K);  // Pending rows of the window it starts in.
+  copy_rows_async(w1, W1, f, f);
+  copy_rows_async(keys, pk, f, open);
+  copy_rows_async(grads, pg, f, open);
   __pipeline_commit();
-  if (c < open) lrs[c] = plr[c];
-  float bias = active ? b1[c] : 0.0f;
-  // The columns a lane covers when a warp works on one token.
-  float gamma[kColumnsPerLane], beta[kColumnsPerLane];
-  for (int m = 0; m < kColumnsPerLane; ++m) {
-    const int col = lane + m * kWarp;
-    gamma[m] = col < f ? p.ln_weight[head * f + col] : 0.0f;
-    beta[m] = col < f ? p.ln_bias[head * f + col] : 0.0f;
+  if (threadIdx.x < open) lrs[threadIdx.x] = plr[threadIdx.x];
+  float bias = column_active ? b1[c] : 0.0f;
+  if (threadIdx.x < f) {
+    gamma[threadIdx.x] = p.ln_weight[head * f + threadIdx.x];
+    beta[threadIdx.x] = p.ln_bias[head * f + threadIdx.x];
   }
 
   bool committed = false;
@@ -441,141 +462,177 @@ __global__ void __launch_bounds__(kThreads)
     r0 = static_cast<int>((seg.start + done) % K);
     r1 = r0 + min(K - r0, seg.count - done) - 1;
     const int64_t row0 = seg.row + done - r0;  // The row window index 0 would have.
-    for (int e = 4 * c; e < (r1 - r0 + 1) * f; e += 4 * kThreads) {
-      const int r = r0 + e / f, col = e % f;
-      const int64_t at = (row0 + r) * D + head * f + col;
-      __pipeline_memcpy_async(&queries[r * f + col], &q_all[at], 16);
-      __pipeline_memcpy_async(&keys[r * f + col], &k_all[at], 16);
-      __pipeline_memcpy_async(&values[r * f + col], &v_all[at], 16);
-    }
+    const int64_t at0 = (row0 + r0) * D + head * f;
+    copy_rows_async(queries + r0 * P, q_all + at0, D, r1 - r0 + 1);
+    copy_rows_async(keys + r0 * P, k_all + at0, D, r1 - r0 + 1);
+    copy_rows_async(values + r0 * P, v_all + at0, D, r1 - r0 + 1);
     __pipeline_commit();
-    if (c >= r0 && c <= r1) lrs[c] = lr_all[(row0 + c) * nh + head];
+    if (threadIdx.x >= r0 && threadIdx.x <= r1) {
+      lrs[threadIdx.x] = lr_all[(row0 + threadIdx.x) * nh + head];
+    }
     __pipeline_wait_prior(0);
     __syncthreads();
 
-    float zq[K];
-    if (active) {
-      float z1[K];
+    // By column: z = k·W1 + b1 (to shared) and zq = q·W1 + b1 (kept) for this half's tokens.
+    float zq[kHalf];
+    if (column_active) {
+      float z1[kHalf];
 #pragma unroll
-      for (int r = 0; r < K; ++r) z1[r] = zq[r] = bias;
+      for (int i = 0; i < kHalf; ++i) z1[i] = zq[i] = bias;
       for (int d = 0; d < f; d += 4) {
-        const float w[4] = {w1[d * f + c], w1[(d + 1) * f + c], w1[(d + 2) * f + c],
-                            w1[(d + 3) * f + c]};
+        const float w[4] = {w1[d * P + c], w1[(d + 1) * P + c], w1[(d + 2) * P + c],
+                            w1[(d + 3) * P + c]};
 #pragma unroll
-        for (int r = 0; r < K; ++r) {
+        for (int i = 0; i < kHalf; ++i) {
+          const int r = h * kHalf + i;
           if (r < r0 || r > r1) continue;
-          const float4 kr = *reinterpret_cast<const float4*>(&keys[r * f + d]);
-          const float4 qr = *reinterpret_cast<const float4*>(&queries[r * f + d]);
-          z1[r] += kr.x * w[0] + kr.y * w[1] + kr.z * w[2] + kr.w * w[3];
-          zq[r] += qr.x * w[0] + qr.y * w[1] + qr.z * w[2] + qr.w * w[3];
+          const float4 kr = *reinterpret_cast<const float4*>(&keys[r * P + d]);
+          const float4 qr = *reinterpret_cast<const float4*>(&queries[r * P + d]);
+          z1[i] += kr.x * w[0] + kr.y * w[1] + kr.z * w[2] + kr.w * w[3];
+          zq[i] += qr.x * w[0] + qr.y * w[1] + qr.z * w[2] + qr.w * w[3];
         }
       }
 #pragma unroll
-      for (int r = 0; r < K; ++r) {
-        if (r >= r0 && r <= r1) z[r * f + c] = z1[r];
+      for (int i = 0; i < kHalf; ++i) {
+        const int r = h * kHalf + i;
+        if (r >= r0 && r <= r1) z[r * P + c] = z1[i];
       }
     }
     __syncthreads();
 
-    // A warp per token: its gradient at θ0 (spec §3.5), and q_r·k_j for j ≤ r.
-    for (int r = r0 + warp; r <= r1; r += kWarps) {
-      float zc[kColumnsPerLane];
-      const float inv_std = CentreRow(&z[r * f], f, p.ln_eps, zc);
-      float e[kColumnsPerLane], sum_e = 0, sum_e_xhat = 0;
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        const int col = lane + m * kWarp;
-        const float xhat = zc[m] * inv_std;
-        const float target = col < f ? values[r * f + col] - keys[r * f + col] : 0.0f;
-        e[m] = col < f ? gamma[m] * ((gamma[m] * xhat + beta[m]) - target) : 0.0f;
+    // By token: the gradient of token t's loss at θ0 (spec §3.5), and q_t·k_j for j ≤ t.
+    const bool token_active = t >= r0 && t <= r1;
+    {
+      float row[kColumns];
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int col = s + m * kLanesPerToken;
+        row[m] = token_active && col < f ? z[t * P + col] : 0.0f;
+      }
+      const float inv_std = CentreTokenRow(row, f, s, p.ln_eps);
+      float e[kColumns], sum_e = 0, sum_e_xhat = 0;
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int col = s + m * kLanesPerToken;
+        const float xhat = row[m] * inv_std;
+        const bool live = token_active && col < f;
+        const float target = live ? values[t * P + col] - keys[t * P + col] : 0.0f;
+        const float scale = live ? gamma[col] : 0.0f;
+        e[m] = scale * ((scale * xhat + (live ? beta[col] : 0.0f)) - target);
         sum_e += e[m];
         sum_e_xhat += e[m] * xhat;
       }
-      sum_e = WarpSum(sum_e);
-      sum_e_xhat = WarpSum(sum_e_xhat);
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        const int col = lane + m * kWarp;
-        const float xhat = zc[m] * inv_std;
-        if (col < f) grads[r * f + col] = (f * e[m] - sum_e - xhat * sum_e_xhat) * inv_std / f;
+      sum_e = TokenSum(sum_e);
+      sum_e_xhat = TokenSum(sum_e_xhat);
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int col = s + m * kLanesPerToken;
+        const float xhat = row[m] * inv_std;
+        if (token_active && col < f) {
+          grads[t * P + col] = (f * e[m] - sum_e - xhat * sum_e_xhat) * inv_std / f;
+        }
       }
-      for (int j = 0; j <= r; ++j) {
+      for (int j = s; j <= t && token_active; j += kLanesPerToken) {
         float dot = 0;
-        for (int col = lane; col < f; col += kWarp) dot += queries[r * f + col] * keys[j * f + col];
-        dot = WarpSum(dot);
-        if (lane == 0) coef[r][j] = p.tau[r] * lrs[j] * (dot + 1.0f);
+        for (int d = 0; d < f; d += 4) {
+          const float4 q4 = *reinterpret_cast<const float4*>(&queries[t * P + d]);
+          const float4 k4 = *reinterpret_cast<const float4*>(&keys[j * P + d]);
+          dot += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+        }
+        coef[t][j] = p.tau[t] * lrs[j] * (dot + 1.0f);
       }
     }
     __syncthreads();
 
-    // z̄_r = zq_r − Σ_{j≤r} coef[r][j]·g_j, thread c owning column c.
+    // By column: z̄_r = zq_r − Σ_{j≤r} coef[r][j]·g_j.
     float g[K];
-    if (active) {
+    if (column_active) {
 #pragma unroll
-      for (int j = 0; j < K; ++j) g[j] = j <= r1 ? grads[j * f + c] : 0.0f;
+      for (int j = 0; j < K; ++j) g[j] = j <= r1 ? grads[j * P + c] : 0.0f;
 #pragma unroll
-      for (int r = 0; r < K; ++r) {
+      for (int i = 0; i < kHalf; ++i) {
+        const int r = h * kHalf + i;
         if (r < r0 || r > r1) continue;
-        float zbar = zq[r];
+        float zbar = zq[i];
 #pragma unroll
-        for (int j = 0; j <= r; ++j) zbar -= coef[r][j] * g[j];
-        z[r * f + c] = zbar;
+        for (int j = 0; j < K; ++j) {
+          if (j <= r) zbar -= coef[r][j] * g[j];
+        }
+        z[r * P + c] = zbar;
       }
     }
     __syncthreads();
 
-    // A warp per token: out = q + LN(z̄).
-    for (int r = r0 + warp; r <= r1; r += kWarps) {
-      const int64_t at = (row0 + r) * D + head * f;
-      float zc[kColumnsPerLane];
-      const float inv_std = CentreRow(&z[r * f], f, p.ln_eps, zc);
-      for (int m = 0; m < kColumnsPerLane; ++m) {
-        const int col = lane + m * kWarp;
-        if (col < f) {
-          out_all[at + col] = queries[r * f + col] + gamma[m] * zc[m] * inv_std + beta[m];
+    // By token: out = q + LN(z̄). Every lane takes part in the shuffles.
+    {
+      float row[kColumns];
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int col = s + m * kLanesPerToken;
+        row[m] = token_active && col < f ? z[t * P + col] : 0.0f;
+      }
+      const float inv_std = CentreTokenRow(row, f, s, p.ln_eps);
+      const int64_t at = (row0 + t) * D + head * f;
+#pragma unroll
+      for (int m = 0; m < kColumns; ++m) {
+        const int col = s + m * kLanesPerToken;
+        if (token_active && col < f) {
+          out_all[at + col] = queries[t * P + col] + gamma[col] * row[m] * inv_std + beta[col];
         }
       }
     }
 
-    // The window's last token: θ0 becomes θ̄, W1 −= Σ_j τ·lr_j·k_jᵀ g_j, b1 −= Σ_j τ·lr_j·g_j.
+    // By column, after the window's last token: θ0 becomes θ̄, W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
+    // b1 −= Σ_j τ·lr_j·g_j; half h takes every other group of four rows of W1.
     if (r1 == K - 1) {
-      if (active) {
+      if (column_active) {
         const float tau_last = p.tau[K - 1];
-        float update_b = 0;
 #pragma unroll
         for (int j = 0; j < K; ++j) {
           g[j] *= tau_last * lrs[j];
-          update_b += g[j];
+          bias -= g[j];
         }
-        for (int d = 0; d < f; ++d) {
-          float update = 0;
+        for (int d = 4 * h; d < f; d += 8) {
+          float update[4] = {0, 0, 0, 0};
 #pragma unroll
-          for (int j = 0; j < K; ++j) update += keys[j * f + d] * g[j];
-          w1[d * f + c] -= update;
+          for (int j = 0; j < K; ++j) {
+            const float4 k4 = *reinterpret_cast<const float4*>(&keys[j * P + d]);
+            update[0] += k4.x * g[j];
+            update[1] += k4.y * g[j];
+            update[2] += k4.z * g[j];
+            update[3] += k4.w * g[j];
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) w1[(d + i) * P + c] -= update[i];
         }
-        bias -= update_b;
       }
       committed = true;
     }
     __syncthreads();  // The window's rows are read before the next window's overwrite them.
   }
 
-  if (active && committed) {
-    for (int d = 0; d < f; ++d) W1[d * f + c] = w1[d * f + c];
-    b1[c] = bias;
+  if (committed) {
+    for (int i = threadIdx.x; i < f * f / 4; i += kPrefillThreads) {
+      const int row = i / (f / 4), col = 4 * (i % (f / 4));
+      *reinterpret_cast<float4*>(&W1[row * f + col]) =
+          *reinterpret_cast<const float4*>(&w1[row * P + col]);
+    }
+    if (column_active && h == 0) b1[c] = bias;
   }
   // A window left open keeps its new rows pending in the state.
   if (r1 < K - 1) {
-    if (active) {
-      for (int j = r0; j <= r1; ++j) {
-        pk[j * f + c] = keys[j * f + c];
-        pg[j * f + c] = grads[j * f + c];
-      }
+    for (int i = threadIdx.x; i < (r1 - r0 + 1) * f; i += kPrefillThreads) {
+      const int row = r0 + i / f, col = i % f;
+      pk[row * f + col] = keys[row * P + col];
+      pg[row * f + col] = grads[row * P + col];
     }
-    if (c >= r0 && c <= r1) plr[c] = lrs[c];
+    if (threadIdx.x >= r0 && threadIdx.x <= r1) plr[threadIdx.x] = lrs[threadIdx.x];
   }
 }
 
 size_t PrefillSharedBytes(const TttScanParams& params) {
-  return sizeof(float) * (params.f * params.f + 5 * kPrefillWindow * params.f);
+  const size_t row = params.f + kPrefillRowPad;
+  return sizeof(float) * row * (params.f + 5 * kPrefillWindow);
 }
 
 size_t DecodeSharedBytes(const TttScanParams& params) {
@@ -617,17 +674,11 @@ cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segm
   const bool aligned = params.f % 4 == 0 && state.slot_floats % 4 == 0 &&
                        state.layer_offset % 4 == 0 && offsets.W1 % 4 == 0 && offsets.k % 4 == 0 &&
                        offsets.g1 % 4 == 0;
-  if (!params.mlp && params.K == kPrefillWindow && params.f <= 2 * kWarp && aligned &&
+  if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF && aligned &&
       PrefillSharedBytes(params) <= kDefaultSharedBytes) {
-    const size_t shared_bytes = PrefillSharedBytes(params);
-    if (params.f <= kWarp) {
-      TttPrefillLinearKernel<kWarp><<<num_segments * params.nh, kWarp, shared_bytes, stream>>>(
-          params, segments, q, k, v, lr, state, offsets, out);
-    } else {
-      TttPrefillLinearKernel<2 * kWarp>
-          <<<num_segments * params.nh, 2 * kWarp, shared_bytes, stream>>>(
-              params, segments, q, k, v, lr, state, offsets, out);
-    }
+    TttPrefillLinearKernel<<<num_segments * params.nh, kPrefillThreads,
+                             PrefillSharedBytes(params), stream>>>(params, segments, q, k, v, lr,
+                                                                   state, offsets, out);
     return cudaGetLastError();
   }
   const int threads = RoundUpToWarp(params.f1);
