@@ -38,9 +38,11 @@ struct TttStateOffsets {
 
 enum class ElementType { kFloat32, kBFloat16 };
 
-// table [V, D] (float or bf16, as `type`) → h [rows, D]; tokens are already validated.
-cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const void* table, ElementType type,
-                            int D, float* h, cudaStream_t stream);
+// table [V, D] (float or bf16, as `type`) → h [rows, D]; tokens are already validated. A token
+// -(r + 1) stands for chosen[r], a token the previous step chose on the device.
+cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chosen,
+                            const void* table, ElementType type, int D, float* h,
+                            cudaStream_t stream);
 
 // Row-wise RMSNorm of x [rows, D] into y (float or bf16, as `out_type`).
 cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float eps, void* y,

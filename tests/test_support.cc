@@ -130,4 +130,55 @@ std::vector<float> FeedInChunks(Engine& engine, SequenceSlot slot, std::span<con
   return all;
 }
 
+std::vector<std::vector<SampledToken>> GenerateScripted(Engine& engine, bool pipelined, int steps,
+                                                        const SamplingParams& sampling) {
+  const int32_t vocab = static_cast<int32_t>(engine.config().vocab_size);
+  auto prompt = [vocab](int n, int salt) {
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back((i * 41 + salt * 7 + 3) % vocab);
+    return tokens;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {prompt(5, 0), prompt(17, 1), prompt(3, 2),
+                                                     prompt(9, 3)};
+  std::vector<SequenceSlot> slots;
+  std::vector<SamplingParams> params;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    slots.push_back(*engine.CreateSequence());
+    params.push_back(sampling);
+    params.back().seed = 100 + i;
+  }
+  // Each sequence's latest token on the host (sequence i is row i of every step it is in).
+  std::vector<int32_t> last(prompts.size());
+  std::vector<std::vector<SampledToken>> chosen;
+  auto finish = [&] {
+    std::vector<SampledToken> tokens;
+    const absl::Status status = engine.FinishForwardAndSample(&tokens);
+    EXPECT_TRUE(status.ok()) << status;
+    for (size_t b = 0; b < tokens.size() && b < last.size(); ++b) last[b] = tokens[b].id;
+    chosen.push_back(std::move(tokens));
+  };
+  for (int step = 0; step < steps; ++step) {
+    std::vector<SequenceChunk> batch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int starts = i == 3 ? 1 : 0;  // The step that feeds sequence i's prompt.
+      if (step < starts) continue;
+      if (step == starts) {
+        batch.push_back({slots[i], prompts[i]});
+      } else if (pipelined) {
+        batch.push_back({.slot = slots[i], .takes_token_in_flight = true});
+      } else {
+        batch.push_back({slots[i], std::span(&last[i], 1)});
+      }
+    }
+    const absl::Status status =
+        engine.StartForwardAndSample(batch, std::span(params).first(batch.size()));
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) break;
+    if (!pipelined || step > 0) finish();
+  }
+  if (pipelined) finish();
+  for (SequenceSlot slot : slots) EXPECT_TRUE(engine.ReleaseSequence(slot).ok());
+  return chosen;
+}
+
 }  // namespace ttt::testing

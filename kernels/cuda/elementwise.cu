@@ -8,10 +8,11 @@ constexpr int kThreads = 256;
 
 int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-__global__ void EmbeddingGatherKernel(const int32_t* tokens, const void* table, ElementType type,
-                                      int D, float* h) {
+__global__ void EmbeddingGatherKernel(const int32_t* tokens, const int32_t* chosen,
+                                      const void* table, ElementType type, int D, float* h) {
   const int64_t row = blockIdx.x;
-  const int64_t base = static_cast<int64_t>(tokens[row]) * D;
+  const int32_t token = tokens[row] >= 0 ? tokens[row] : chosen[-tokens[row] - 1];
+  const int64_t base = static_cast<int64_t>(token) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) h[row * D + i] = Load(table, base + i, type);
 }
 
@@ -36,10 +37,11 @@ __global__ void ToBFloat16Kernel(const float* x, int64_t n, __nv_bfloat16* y) {
 
 }  // namespace
 
-cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const void* table, ElementType type,
-                            int D, float* h, cudaStream_t stream) {
+cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chosen,
+                            const void* table, ElementType type, int D, float* h,
+                            cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  EmbeddingGatherKernel<<<rows, kThreads, 0, stream>>>(tokens, table, type, D, h);
+  EmbeddingGatherKernel<<<rows, kThreads, 0, stream>>>(tokens, chosen, table, type, D, h);
   return cudaGetLastError();
 }
 

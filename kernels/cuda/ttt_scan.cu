@@ -402,6 +402,8 @@ __device__ __forceinline__ float CentreTokenRow(float (&row)[kPrefillMaxF / kLan
   return rsqrtf(TokenSum(square) / f + eps);
 }
 
+// Four blocks an SM: a prefill of 16 sequences × 32 heads (the 1b model) is then one wave. At
+// this register cap ptxas spills a few registers, which costs far less than a second wave.
 __global__ void __launch_bounds__(kPrefillThreads, 4)
     TttPrefillLinearKernel(TttScanParams p, const Segment* segments, const float* q_all,
                            const float* k_all, const float* v_all, const float* lr_all,
@@ -479,6 +481,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
       float z1[kHalf];
 #pragma unroll
       for (int i = 0; i < kHalf; ++i) z1[i] = zq[i] = bias;
+#pragma unroll 1
       for (int d = 0; d < f; d += 4) {
         const float w[4] = {w1[d * P + c], w1[(d + 1) * P + c], w1[(d + 2) * P + c],
                             w1[(d + 3) * P + c]};
@@ -545,8 +548,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     __syncthreads();
 
     // By column: z̄_r = zq_r − Σ_{j≤r} coef[r][j]·g_j.
-    float g[K];
     if (column_active) {
+      float g[K];
 #pragma unroll
       for (int j = 0; j < K; ++j) g[j] = j <= r1 ? grads[j * P + c] : 0.0f;
 #pragma unroll
@@ -587,9 +590,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     if (r1 == K - 1) {
       if (column_active) {
         const float tau_last = p.tau[K - 1];
+        float g[K];  // τ·lr_j·g_j
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          g[j] *= tau_last * lrs[j];
+          g[j] = tau_last * lrs[j] * grads[j * P + c];
           bias -= g[j];
         }
         for (int d = 4 * h; d < f; d += 8) {

@@ -4,10 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <map>
-#include <optional>
+#include <deque>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -137,6 +138,10 @@ class CudaEngine : public Engine {
 
   ~CudaEngine() override {
     graphs_.clear();
+    for (cudaEvent_t event : step_done_) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (inputs_uploaded_ != nullptr) cudaEventDestroy(inputs_uploaded_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -193,13 +198,24 @@ class CudaEngine : public Engine {
   absl::Status CheckSlot(SequenceSlot slot, std::string_view field) const;
   absl::StatusOr<SequenceSlot> TakeSlot();
   absl::Status Validate(std::span<const SequenceChunk> batch, LogitsFor which) const;
-  // Grows the per-call buffers; growing moves them, which retires every captured graph.
+  // Grows the per-call buffers; growing moves them, which retires every captured graph (and
+  // first waits for the steps in flight, which use them).
   absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
+  // The token to stage for position i of a chunk: its own, or -(r + 1) for the one that the
+  // step in flight chose in its row r (EmbeddingGather reads it from chosen_ids_).
+  int32_t StagedToken(const SequenceChunk& chunk, size_t i) const {
+    return chunk.takes_token_in_flight ? -(chosen_row_[chunk.slot] + 1) : chunk.tokens[i];
+  }
+  // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
+  void SetChosenRows(std::span<const SequenceChunk> batch);
+  // After queueing a step: its results' copies to pinned memory and its completion event.
+  absl::Status EndStep(bool has_output, int64_t output_rows, bool sample);
   // Copies the batch description staged in pinned memory to the device.
   absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
-  // `sample`, the tokens chosen from them. Enqueues only: safe to capture in a graph.
+  // `sample`, the tokens chosen from them in chosen_ids_ and chosen_logprobs_. Enqueues only:
+  // safe to capture in a graph.
   // one_token_each: no segment has more than one row (a decode step: faster kernels).
   absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows, bool gather,
                               bool sample, bool one_token_each);
@@ -210,11 +226,12 @@ class CudaEngine : public Engine {
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
+  // Waits for the oldest step in flight and hands over its results.
   absl::Status Complete(std::vector<float>* logits, std::vector<SampledToken>* tokens);
   // Stages row b's sampling parameters, its draw counter the sequence's length after the step.
   void StageSampling(int64_t b, const SamplingParams& params, uint64_t step);
-  // Copies the step's results from pinned memory to the caller.
-  void CollectOutputs(int64_t rows, std::vector<float>* logits,
+  // Copies a step's results from pinned memory (output set `set` of chosen tokens) to the caller.
+  void CollectOutputs(int64_t rows, int set, std::vector<float>* logits,
                       std::vector<SampledToken>* tokens) const;
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
@@ -243,24 +260,44 @@ class CudaEngine : public Engine {
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
-    DeviceBuffer tokens, row_segment, segments, out_rows;
+    DeviceBuffer tokens, row_segment, segments, out_rows, sampling;
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
     DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
-    // Host staging of the batch description and the logits.
-    PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_logits;
-    // Sampling: parameters in, chosen ids and log-probs out.
-    DeviceBuffer sampling, sampled_ids, sampled_logprobs;
-    PinnedBuffer host_sampling, host_sampled_ids, host_sampled_logprobs;
+    // Host staging of the batch description, the sampling parameters and the logits.
+    PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_sampling;
+    PinnedBuffer host_logits;
+    struct {
+      int64_t rows = 0, segments = 0, logit_rows = 0;
+    } room;  // What the buffers have room for.
   } scratch_;
+  // Signalled when the newest step's inputs have left the host staging buffers, which the next
+  // step may then overwrite.
+  cudaEvent_t inputs_uploaded_ = nullptr;
   DeviceBuffer cublas_workspace_;
   // Captured decode steps by (batch-size bucket, whether they sample).
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
-  // The step queued on the stream whose results have not been collected yet.
+
+  // The tokens a step chooses: on the device, where the next step may take them, and in pinned
+  // memory, one output set per step in flight. Room for bit_ceil(capacity_) rows, the most a
+  // step has (decode buckets included).
+  DeviceBuffer chosen_ids_, chosen_logprobs_;
+  struct ChosenOnHost {
+    PinnedBuffer ids, logprobs;
+  };
+  std::array<ChosenOnHost, kMaxStepsInFlight> host_chosen_;
+  std::array<cudaEvent_t, kMaxStepsInFlight> step_done_{};  // By output set.
+  int next_output_set_ = 0;
+  // Each slot's row in the newest step in flight that chooses tokens (-1: none), and the slots
+  // that have one.
+  std::vector<int32_t> chosen_row_;
+  std::vector<SequenceSlot> chosen_slots_;
+  // Steps queued on the stream whose results have not been collected yet, oldest first.
   struct PendingStep {
     bool has_output = false;  // Whether Forward wants logits (LogitsFor::kNone does not).
     int64_t output_rows = 0;  // Rows of logits, or of sampled tokens.
+    int output_set = 0;       // Its pinned output set and completion event.
   };
-  std::optional<PendingStep> pending_;
+  std::deque<PendingStep> pending_;
 };
 
 absl::Status CudaEngine::Initialize() {
@@ -311,6 +348,19 @@ absl::Status CudaEngine::Initialize() {
   TTT_RETURN_IF_ERROR(pool_.Reserve(static_cast<size_t>(capacity_) * per_slot));
   lengths_.assign(capacity_, -1);
   for (int64_t s = capacity_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<SequenceSlot>(s));
+
+  const size_t max_rows = std::bit_ceil(static_cast<size_t>(capacity_));
+  TTT_RETURN_IF_ERROR(chosen_ids_.Reserve(max_rows * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(chosen_logprobs_.Reserve(max_rows * sizeof(float)));
+  for (ChosenOnHost& set : host_chosen_) {
+    TTT_RETURN_IF_ERROR(set.ids.Reserve(max_rows * sizeof(int32_t)));
+    TTT_RETURN_IF_ERROR(set.logprobs.Reserve(max_rows * sizeof(float)));
+  }
+  chosen_row_.assign(capacity_, -1);
+  for (cudaEvent_t& event : step_done_) {
+    TTT_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  TTT_CUDA(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
   return absl::OkStatus();
 }
 
@@ -499,9 +549,20 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
 }
 
 absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFor which) const {
-  return ValidateBatch(batch, which, model_->config.vocab_size, [this](SequenceSlot slot) {
+  auto is_live = [this](SequenceSlot slot) {
     return slot >= 0 && slot < capacity_ && lengths_[slot] >= 0;
-  });
+  };
+  auto chosen_in_flight = [this](SequenceSlot slot) { return chosen_row_[slot] >= 0; };
+  return ValidateBatch(batch, which, model_->config.vocab_size, is_live, chosen_in_flight);
+}
+
+void CudaEngine::SetChosenRows(std::span<const SequenceChunk> batch) {
+  for (SequenceSlot slot : chosen_slots_) chosen_row_[slot] = -1;
+  chosen_slots_.clear();
+  for (size_t b = 0; b < batch.size(); ++b) {
+    chosen_row_[batch[b].slot] = static_cast<int32_t>(b);
+    chosen_slots_.push_back(batch[b].slot);
+  }
 }
 
 absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows) {
@@ -512,9 +573,14 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
     return std::bit_ceil(static_cast<size_t>(std::max<int64_t>(n, 1)));
   };
   const size_t R = capacity(rows), S = capacity(segments), L = capacity(logit_rows);
+  Scratch& s = scratch_;
+  if (rows <= s.room.rows && segments <= s.room.segments && logit_rows <= s.room.logit_rows) {
+    return absl::OkStatus();
+  }
+  // The buffers are about to move: the steps in flight must be done with them.
+  if (!pending_.empty()) TTT_CUDA(cudaStreamSynchronize(stream_));
   const size_t D = c.hidden_size, I = c.intermediate_size;
   const size_t nh = c.num_attention_heads, g = gemm_element_bytes(), f4 = sizeof(float);
-  Scratch& s = scratch_;
   bool grew = false;
   auto reserve = [&](auto& buffer, size_t bytes) -> absl::Status {
     if (bytes <= buffer.bytes()) return absl::OkStatus();
@@ -548,10 +614,9 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
   TTT_RETURN_IF_ERROR(reserve(s.sampling, S * sizeof(cu::SamplingRow)));
   TTT_RETURN_IF_ERROR(reserve(s.host_sampling, S * sizeof(cu::SamplingRow)));
-  TTT_RETURN_IF_ERROR(reserve(s.sampled_ids, S * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_sampled_ids, S * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.sampled_logprobs, S * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.host_sampled_logprobs, S * f4));
+  s.room = {.rows = static_cast<int64_t>(R),
+            .segments = static_cast<int64_t>(S),
+            .logit_rows = static_cast<int64_t>(L)};
   if (grew) graphs_.clear();
   return absl::OkStatus();
 }
@@ -573,6 +638,7 @@ absl::Status CudaEngine::UploadInputs(int64_t rows, int64_t segments, int64_t lo
     TTT_CUDA(cudaMemcpyAsync(s.sampling.get(), s.host_sampling.get<cu::SamplingRow>(),
                              segments * sizeof(cu::SamplingRow), cudaMemcpyHostToDevice, stream_));
   }
+  TTT_CUDA(cudaEventRecord(inputs_uploaded_, stream_));
   return absl::OkStatus();
 }
 
@@ -585,17 +651,16 @@ void CudaEngine::StageSampling(int64_t b, const SamplingParams& params, uint64_t
                                                       .step = step};
 }
 
-void CudaEngine::CollectOutputs(int64_t rows, std::vector<float>* logits,
+void CudaEngine::CollectOutputs(int64_t rows, int set, std::vector<float>* logits,
                                 std::vector<SampledToken>* tokens) const {
-  const Scratch& s = scratch_;
   if (tokens != nullptr) {
+    const ChosenOnHost& chosen = host_chosen_[set];
     tokens->resize(rows);
     for (int64_t r = 0; r < rows; ++r) {
-      (*tokens)[r] = {s.host_sampled_ids.get<int32_t>()[r],
-                      s.host_sampled_logprobs.get<float>()[r]};
+      (*tokens)[r] = {chosen.ids.get<int32_t>()[r], chosen.logprobs.get<float>()[r]};
     }
   } else {
-    const float* host = s.host_logits.get<float>();
+    const float* host = scratch_.host_logits.get<float>();
     logits->assign(host, host + rows * model_->config.vocab_size);
   }
 }
@@ -622,7 +687,7 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
 
 absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::vector<float>* logits) {
-  if (pending_.has_value()) return StepInFlightError();
+  if (!pending_.empty()) return StepInFlightError();
   TTT_RETURN_IF_ERROR(Validate(batch, which));
   TTT_RETURN_IF_ERROR(Enqueue(batch, which, {}, /*sample=*/false));
   return Complete(logits, nullptr);
@@ -637,37 +702,36 @@ absl::Status CudaEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
 
 absl::Status CudaEngine::StartForwardAndSample(std::span<const SequenceChunk> batch,
                                                std::span<const SamplingParams> sampling) {
-  if (pending_.has_value()) return StepInFlightError();
+  if (pending_.size() >= kMaxStepsInFlight) return StepInFlightError();
   TTT_RETURN_IF_ERROR(Validate(batch, LogitsFor::kLastToken));
   TTT_RETURN_IF_ERROR(ValidateBatchSampling(batch, sampling));
   return Enqueue(batch, LogitsFor::kLastToken, sampling, /*sample=*/true);
 }
 
 absl::Status CudaEngine::FinishForwardAndSample(std::vector<SampledToken>* tokens) {
-  if (!pending_.has_value()) return NoStepInFlightError();
+  if (pending_.empty()) return NoStepInFlightError();
   return Complete(nullptr, tokens);
 }
 
 absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::span<const SamplingParams> sampling, bool sample) {
+  // The staging buffers are rewritten below: the previous step's inputs must have left them.
+  TTT_CUDA(cudaEventSynchronize(inputs_uploaded_));
   const bool one_token_each =
       !batch.empty() && std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& chunk) {
-        return chunk.tokens.size() == 1;
+        return chunk.length() == 1;
       });
   if (one_token_each && which != LogitsFor::kNone) {
     return EnqueueDecodeStep(batch, sampling, sample);
   }
 
   int64_t rows = 0;
-  for (const SequenceChunk& chunk : batch) rows += chunk.tokens.size();
+  for (const SequenceChunk& chunk : batch) rows += chunk.length();
   const int64_t segments = batch.size();
   const int64_t logit_rows =
       which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
   const bool has_output = which != LogitsFor::kNone;
-  if (rows == 0) {
-    pending_ = PendingStep{.has_output = has_output, .output_rows = 0};
-    return absl::OkStatus();
-  }
+  if (rows == 0) return EndStep(has_output, 0, /*sample=*/false);
   TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments, logit_rows));
   Scratch& s = scratch_;
   int32_t* host_tokens = s.host_tokens.get<int32_t>();
@@ -676,11 +740,11 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   int32_t row = 0;
   for (int64_t b = 0; b < segments; ++b) {
     const SequenceChunk& chunk = batch[b];
-    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    const int32_t n = static_cast<int32_t>(chunk.length());
     s.host_segments.get<cu::Segment>()[b] = {
         .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
     for (int32_t i = 0; i < n; ++i) {
-      host_tokens[row + i] = chunk.tokens[i];
+      host_tokens[row + i] = StagedToken(chunk, i);
       host_row_segment[row + i] = static_cast<int32_t>(b);
       if (which == LogitsFor::kEveryToken) host_out_rows[row + i] = row + i;
     }
@@ -691,9 +755,9 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
   TTT_RETURN_IF_ERROR(
       EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample, one_token_each));
-  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.tokens.size();
-  pending_ = PendingStep{.has_output = has_output, .output_rows = logit_rows};
-  return absl::OkStatus();
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
+  SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
+  return EndStep(has_output, logit_rows, sample);
 }
 
 absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
@@ -713,7 +777,7 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                              .count = real ? 1 : 0,
                                              .slot = slot,
                                              .start = real ? lengths_[slot] : 0};
-    s.host_tokens.get<int32_t>()[b] = real ? batch[b].tokens[0] : 0;
+    s.host_tokens.get<int32_t>()[b] = real ? StagedToken(batch[b], 0) : 0;
     s.host_row_segment.get<int32_t>()[b] = static_cast<int32_t>(b);
     if (sample) StageSampling(b, real ? sampling[b] : SamplingParams{}, lengths_[slot] + 1);
   }
@@ -733,14 +797,31 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   }
   TTT_CUDA(cudaGraphLaunch(*graph->exec(), stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
-  pending_ = PendingStep{.has_output = true, .output_rows = n};
+  SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
+  return EndStep(/*has_output=*/true, n, sample);
+}
+
+absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample) {
+  const int set = next_output_set_;
+  next_output_set_ = (next_output_set_ + 1) % kMaxStepsInFlight;
+  if (sample && output_rows > 0) {
+    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].ids.get(), chosen_ids_.get(),
+                             output_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].logprobs.get(), chosen_logprobs_.get(),
+                             output_rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  TTT_CUDA(cudaEventRecord(step_done_[set], stream_));
+  pending_.push_back({.has_output = has_output, .output_rows = output_rows, .output_set = set});
   return absl::OkStatus();
 }
 
 absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<SampledToken>* tokens) {
-  const PendingStep step = *std::exchange(pending_, std::nullopt);
-  TTT_CUDA(cudaStreamSynchronize(stream_));
-  if (step.has_output) CollectOutputs(step.output_rows, logits, tokens);
+  const PendingStep step = pending_.front();
+  pending_.pop_front();
+  // Nothing newer chooses tokens once the newest step is collected.
+  if (pending_.empty()) SetChosenRows({});
+  TTT_CUDA(cudaEventSynchronize(step_done_[step.output_set]));
+  if (step.has_output) CollectOutputs(step.output_rows, step.output_set, logits, tokens);
   return absl::OkStatus();
 }
 
@@ -749,8 +830,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   Scratch& s = scratch_;
-  TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, embedding_, gemm_type(), D,
-                               s.h.get<float>(), stream_));
+  TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, chosen_ids_.get<int32_t>(),
+                               embedding_, gemm_type(), D, s.h.get<float>(), stream_));
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, one_token_each));
   }
@@ -767,12 +848,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
       Gemm(s.final_in.get(), logit_rows, D, lm_head_, V, s.logits.get<float>(), false));
   if (sample) {
     TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V,
-                              s.sampling.get<cu::SamplingRow>(), s.sampled_ids.get<int32_t>(),
-                              s.sampled_logprobs.get<float>(), stream_));
-    TTT_CUDA(cudaMemcpyAsync(s.host_sampled_ids.get<int32_t>(), s.sampled_ids.get(),
-                             logit_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    TTT_CUDA(cudaMemcpyAsync(s.host_sampled_logprobs.get<float>(), s.sampled_logprobs.get(),
-                             logit_rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+                              s.sampling.get<cu::SamplingRow>(), chosen_ids_.get<int32_t>(),
+                              chosen_logprobs_.get<float>(), stream_));
   } else {
     TTT_CUDA(cudaMemcpyAsync(s.host_logits.get<float>(), s.logits.get(),
                              logit_rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));

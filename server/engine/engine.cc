@@ -1,6 +1,7 @@
 #include "server/engine/engine.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -11,16 +12,39 @@ namespace ttt {
 
 absl::Status Engine::StartForwardAndSample(std::span<const SequenceChunk> batch,
                                            std::span<const SamplingParams> sampling) {
-  if (started_step_.has_value()) return StepInFlightError();
-  std::vector<SampledToken> tokens;
-  TTT_RETURN_IF_ERROR(ForwardAndSample(batch, sampling, &tokens));
-  started_step_ = std::move(tokens);
+  if (started_steps_.size() >= kMaxStepsInFlight) return StepInFlightError();
+  // The tokens the newest step in flight chose are on the host already: feed them as tokens.
+  std::vector<SequenceChunk> resolved(batch.begin(), batch.end());
+  std::vector<int32_t> taken(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    if (!batch[b].takes_token_in_flight) continue;
+    if (!batch[b].tokens.empty()) return TakesTokenWithTokensError(b);
+    const std::optional<int32_t> token =
+        started_steps_.empty() ? std::nullopt : started_steps_.back().TokenFor(batch[b].slot);
+    if (!token.has_value()) return NoTokenInFlightError(b, batch[b].slot);
+    taken[b] = *token;
+    resolved[b] = {batch[b].slot, std::span(&taken[b], 1)};
+  }
+  StartedStep step;
+  computing_step_ = true;
+  const absl::Status computed = ForwardAndSample(resolved, sampling, &step.tokens);
+  computing_step_ = false;
+  TTT_RETURN_IF_ERROR(computed);
+  for (const SequenceChunk& chunk : batch) step.slots.push_back(chunk.slot);
+  started_steps_.push_back(std::move(step));
   return absl::OkStatus();
 }
 
+std::optional<int32_t> Engine::StartedStep::TokenFor(SequenceSlot slot) const {
+  const auto at = std::find(slots.begin(), slots.end(), slot);
+  if (at == slots.end()) return std::nullopt;
+  return tokens[at - slots.begin()].id;
+}
+
 absl::Status Engine::FinishForwardAndSample(std::vector<SampledToken>* tokens) {
-  if (!started_step_.has_value()) return NoStepInFlightError();
-  *tokens = *std::exchange(started_step_, std::nullopt);
+  if (started_steps_.empty()) return NoStepInFlightError();
+  *tokens = std::move(started_steps_.front().tokens);
+  started_steps_.pop_front();
   return absl::OkStatus();
 }
 
@@ -33,9 +57,19 @@ absl::Status NoStepInFlightError() {
   return absl::FailedPreconditionError("no step in flight: StartForwardAndSample starts one");
 }
 
+absl::Status TakesTokenWithTokensError(size_t b) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "batch[", b, "].tokens: must be empty when the chunk takes the token in flight"));
+}
+
+absl::Status NoTokenInFlightError(size_t b, SequenceSlot slot) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "batch[", b, "].takes_token_in_flight: no step in flight chooses a token for slot ", slot));
+}
+
 absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
-                           int64_t vocab_size,
-                           const std::function<bool(SequenceSlot)>& is_live) {
+                           int64_t vocab_size, const std::function<bool(SequenceSlot)>& is_live,
+                           const std::function<bool(SequenceSlot)>& chosen_in_flight) {
   // Runs on every engine step: nothing is allocated per chunk unless there is an error.
   std::vector<SequenceSlot> slots;
   slots.reserve(batch.size());
@@ -46,7 +80,13 @@ absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which
           absl::StrCat("batch[", b, "].slot: no sequence in slot ", chunk.slot));
     }
     slots.push_back(chunk.slot);
-    if (which == LogitsFor::kLastToken && chunk.tokens.empty()) {
+    if (chunk.takes_token_in_flight) {
+      if (!chunk.tokens.empty()) return TakesTokenWithTokensError(b);
+      if (chosen_in_flight == nullptr || !chosen_in_flight(chunk.slot)) {
+        return NoTokenInFlightError(b, chunk.slot);
+      }
+    }
+    if (which == LogitsFor::kLastToken && chunk.length() == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch[", b, "].tokens: empty, so it has no last token to give logits for"));
     }

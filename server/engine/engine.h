@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -27,6 +28,11 @@ using SequenceSlot = int32_t;
 struct SequenceChunk {
   SequenceSlot slot = -1;
   std::span<const int32_t> tokens;
+  // Instead of `tokens` (left empty): the one token that the step in flight chooses for this
+  // sequence (see StartForwardAndSample). It passes from that step to this one on the device.
+  bool takes_token_in_flight = false;
+
+  size_t length() const { return takes_token_in_flight ? 1 : tokens.size(); }
 };
 
 enum class LogitsFor {
@@ -81,29 +87,43 @@ class Engine {
   // ForwardAndSample in two halves, so that the caller can prepare the next step while the
   // device computes this one. StartForwardAndSample checks the batch as ForwardAndSample does and
   // queues the step; from then on its sequences count as advanced (SequenceLength includes it).
-  // FinishForwardAndSample waits for the step and returns its tokens. One step is in flight at a
-  // time: until it is finished, calls on sequences (create, release, fork, save, restore) are
-  // ordered after it, and Forward, ForwardAndSample and a second Start are FailedPrecondition.
-  // Backends that compute synchronously keep this default: Start computes, Finish hands over.
+  // FinishForwardAndSample waits for the oldest step in flight and returns its tokens.
+  // Up to kMaxStepsInFlight steps are in flight: a Start while one is in flight queues behind it,
+  // and its chunks may take the tokens that step chooses (SequenceChunk::takes_token_in_flight),
+  // so the device goes from step to step without waiting for tokens to reach the host and come
+  // back. Until steps are finished, calls on sequences (create, release, fork, save, restore) are
+  // ordered after them, and Forward, ForwardAndSample and a Start past the limit are
+  // FailedPrecondition. Backends that compute synchronously keep this default: Start computes
+  // (with the tokens in flight already on the host), Finish hands over.
+  static constexpr int kMaxStepsInFlight = 2;
   virtual absl::Status StartForwardAndSample(std::span<const SequenceChunk> batch,
                                              std::span<const SamplingParams> sampling);
   virtual absl::Status FinishForwardAndSample(std::vector<SampledToken>* tokens);
 
  protected:
-  // Whether the default Start has a result that Finish has not taken.
-  bool default_step_in_flight() const { return started_step_.has_value(); }
+  // Whether the default Start has results that Finish has not taken, and is not computing
+  // another (which runs through the backend's own ForwardAndSample).
+  bool default_step_in_flight() const { return !started_steps_.empty() && !computing_step_; }
 
  private:
-  // The default Start's result, until Finish takes it.
-  std::optional<std::vector<SampledToken>> started_step_;
+  // A step the default Start computed, until Finish takes it.
+  struct StartedStep {
+    std::vector<SequenceSlot> slots;
+    std::vector<SampledToken> tokens;  // One per slot.
+    std::optional<int32_t> TokenFor(SequenceSlot slot) const;
+  };
+  std::deque<StartedStep> started_steps_;
+  bool computing_step_ = false;
 };
 
 // The checks every backend's Forward makes before touching any state: every slot holds a live
 // sequence (`is_live`; NotFound otherwise), slots are distinct, tokens inside [0, vocab_size),
-// and chunks non-empty when kLastToken wants logits. Errors name the field (batch[i].slot, ...).
+// and chunks non-empty when kLastToken wants logits. A chunk that takes the token in flight has no
+// tokens of its own, and the step in flight must choose one for its slot (`chosen_in_flight`;
+// none is when it is null). Errors name the field (batch[i].slot, ...).
 absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
-                           int64_t vocab_size,
-                           const std::function<bool(SequenceSlot)>& is_live);
+                           int64_t vocab_size, const std::function<bool(SequenceSlot)>& is_live,
+                           const std::function<bool(SequenceSlot)>& chosen_in_flight = nullptr);
 
 // The checks ForwardAndSample makes on `sampling` besides Forward's on `batch`.
 absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
@@ -112,5 +132,8 @@ absl::Status ValidateBatchSampling(std::span<const SequenceChunk> batch,
 // The FailedPrecondition errors of the two-halves protocol.
 absl::Status StepInFlightError();
 absl::Status NoStepInFlightError();
+// The InvalidArgument errors of a chunk b that takes the token in flight.
+absl::Status TakesTokenWithTokensError(size_t b);
+absl::Status NoTokenInFlightError(size_t b, SequenceSlot slot);
 
 }  // namespace ttt

@@ -86,21 +86,79 @@ TEST_F(ForwardAndSampleTest, StartAndFinishAreForwardAndSampleInTwoHalves) {
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(engine.StartForwardAndSample({&chunk, 1}, {&params, 1}).ok());
   EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length);
-  // While a step is in flight, no other step may start.
+  // While a step is in flight, only a Start that queues behind it may come, up to the limit.
   std::vector<float> logits;
-  EXPECT_EQ(engine.StartForwardAndSample({&chunk, 1}, {&params, 1}).code(),
-            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine.Forward({&chunk, 1}, LogitsFor::kLastToken, &logits).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine.ForwardAndSample({&chunk, 1}, {&params, 1}, &sampled).code(),
             absl::StatusCode::kFailedPrecondition);
+  const SequenceChunk next{.slot = chunk.slot, .takes_token_in_flight = true};
+  ASSERT_TRUE(engine.StartForwardAndSample({&next, 1}, {&params, 1}).ok());
+  static_assert(Engine::kMaxStepsInFlight == 2);
+  EXPECT_EQ(engine.StartForwardAndSample({&next, 1}, {&params, 1}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length + 1);
+
+  // Finish hands over the oldest step first.
   ASSERT_TRUE(engine.FinishForwardAndSample(&sampled).ok());
   ASSERT_EQ(sampled.size(), 1u);
   EXPECT_EQ(sampled[0].id, expected[0].id);
   EXPECT_EQ(sampled[0].logprob, expected[0].logprob);
+  const SequenceChunk fed_back{same.slot, std::span(&expected[0].id, 1)};
+  ASSERT_TRUE(reference.ForwardAndSample({&fed_back, 1}, {&params, 1}, &expected).ok());
+  ASSERT_TRUE(engine.FinishForwardAndSample(&sampled).ok());
+  EXPECT_EQ(sampled[0].id, expected[0].id);
+  EXPECT_EQ(sampled[0].logprob, expected[0].logprob);
   EXPECT_EQ(engine.FinishForwardAndSample(&sampled).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length);
+  EXPECT_EQ(*engine.SequenceLength(chunk.slot), golden_.length + 1);
+}
+
+// A step queued behind the one in flight, its chunks taking that step's tokens, computes what
+// feeding those tokens back from the host computes.
+TEST_F(ForwardAndSampleTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
+  for (const SamplingParams& sampling :
+       {SamplingParams{}, SamplingParams{.temperature = 0.9f, .top_p = 0.95f}}) {
+    CpuEngine pipelined(model_), one_at_a_time(model_);
+    const auto expected = testing::GenerateScripted(one_at_a_time, false, 20, sampling);
+    const auto got = testing::GenerateScripted(pipelined, true, 20, sampling);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t step = 0; step < got.size(); ++step) {
+      ASSERT_EQ(got[step].size(), expected[step].size());
+      for (size_t b = 0; b < got[step].size(); ++b) {
+        EXPECT_EQ(got[step][b].id, expected[step][b].id) << "step " << step << " row " << b;
+        EXPECT_EQ(got[step][b].logprob, expected[step][b].logprob);
+      }
+    }
+  }
+}
+
+TEST_F(ForwardAndSampleTest, TakingATokenNotInFlightIsRefused) {
+  CpuEngine engine(model_);
+  const SequenceSlot a = *engine.CreateSequence(), b = *engine.CreateSequence();
+  const SamplingParams params;
+  const SequenceChunk takes{.slot = a, .takes_token_in_flight = true};
+  absl::Status status = engine.StartForwardAndSample({&takes, 1}, {&params, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("batch[0].takes_token_in_flight"));
+
+  const SequenceChunk prompt{a, golden_.input_ids[0]};
+  ASSERT_TRUE(engine.StartForwardAndSample({&prompt, 1}, {&params, 1}).ok());
+  const SequenceChunk other{.slot = b, .takes_token_in_flight = true};
+  status = engine.StartForwardAndSample({&other, 1}, {&params, 1});
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("batch[0].takes_token_in_flight: no step in flight chooses a token for "
+                        "slot 1"));
+  const SequenceChunk both{.slot = a, .tokens = prompt.tokens, .takes_token_in_flight = true};
+  status = engine.StartForwardAndSample({&both, 1}, {&params, 1});
+  EXPECT_THAT(std::string(status.message()), HasSubstr("batch[0].tokens: must be empty"));
+  std::vector<SampledToken> sampled;
+  ASSERT_TRUE(engine.FinishForwardAndSample(&sampled).ok());
+  std::vector<float> logits;
+  status = engine.Forward({&takes, 1}, LogitsFor::kLastToken, &logits);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("batch[0].takes_token_in_flight"));
+  EXPECT_EQ(*engine.SequenceLength(a), golden_.length);
+  EXPECT_EQ(*engine.SequenceLength(b), 0);
 }
 
 }  // namespace

@@ -365,6 +365,47 @@ TEST_F(CudaEngineStateTest, CallsWhileAStepIsInFlightComeAfterIt) {
   }
 }
 
+// A step queued behind the one in flight takes that step's tokens on the device: the same tokens
+// as feeding them back from the host, through both kinds of step (a prompt next to taken tokens;
+// decode graphs), across windows, and the same greedy tokens as the CPU engine.
+TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+  constexpr int kSteps = 40;
+  for (const SamplingParams& sampling :
+       {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 50}}) {
+    SCOPED_TRACE(absl::StrCat("temperature ", sampling.temperature));
+    const auto expected = testing::GenerateScripted(*gpu, /*pipelined=*/false, kSteps, sampling);
+    const auto got = testing::GenerateScripted(*gpu, /*pipelined=*/true, kSteps, sampling);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t step = 0; step < got.size(); ++step) {
+      ASSERT_EQ(got[step].size(), expected[step].size());
+      for (size_t b = 0; b < got[step].size(); ++b) {
+        EXPECT_EQ(got[step][b].id, expected[step][b].id) << "step " << step << " row " << b;
+        EXPECT_NEAR(got[step][b].logprob, expected[step][b].logprob, 1e-5);
+      }
+    }
+    if (sampling.temperature == 0.0f) {
+      CpuEngine cpu(model_);
+      const auto on_cpu = testing::GenerateScripted(cpu, /*pipelined=*/false, kSteps, sampling);
+      for (size_t step = 0; step < got.size(); ++step) {
+        for (size_t b = 0; b < got[step].size(); ++b) {
+          EXPECT_EQ(got[step][b].id, on_cpu[step][b].id) << "step " << step << " row " << b;
+        }
+      }
+    }
+  }
+  // Nothing is in flight now: no token to take.
+  const SequenceSlot slot = *gpu->CreateSequence();
+  const SequenceChunk takes{.slot = slot, .takes_token_in_flight = true};
+  const SamplingParams greedy;
+  const absl::Status status = gpu->StartForwardAndSample({&takes, 1}, {&greedy, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("batch[0].takes_token_in_flight"), std::string_view::npos)
+      << status;
+  EXPECT_EQ(*gpu->SequenceLength(slot), 0);
+}
+
 TEST_F(CudaEngineStateTest, APoolLargerThanTheGpuIsAClearErrorAtStart) {
   auto engine = CreateCudaEngine(model_, {.max_sequences = int64_t{1} << 40});
   ASSERT_FALSE(engine.ok());
