@@ -94,10 +94,15 @@ struct Scheduler::Active {
   GenerationSpec spec;
   Session* session = nullptr;
   SequenceSlot slot = -1;
-  size_t fed = 0;                 // Prompt tokens fed.
-  std::vector<int32_t> output;    // Generated tokens.
-  bool last_output_fed = true;    // Whether the state has absorbed output.back().
+  size_t fed = 0;                 // Prompt tokens fed, or queued to be.
+  std::vector<int32_t> output;    // Generated tokens collected.
+  bool last_output_fed = true;    // Whether output.back() is fed, or queued to be.
   bool absorbing_final = false;   // Finished; one last chunk feeds the final token to a session.
+  // The newest step that chooses this request's next token (0: none), and whether a step queued
+  // behind that one takes the token on the engine.
+  uint64_t chosen_in_step = 0;
+  bool chosen_taken_ahead = false;
+  int rows_in_flight = 0;  // In steps not collected yet: its slot and session stay until 0.
   std::optional<FinishReason> finish;
   // A session request's end waits until the session has absorbed its last token, so that a
   // client continuing the session right after the end never finds it busy.
@@ -122,6 +127,7 @@ struct Scheduler::Row {
 
 // A step queued on the engine, until its tokens are collected.
 struct Scheduler::StepInFlight {
+  uint64_t id = 0;  // Steps count from 1.
   std::vector<SequenceChunk> batch;
   std::vector<Row> rows;  // One per chunk of `batch`.
   int64_t prefill_tokens = 0;
@@ -243,13 +249,18 @@ void Scheduler::Loop() {
       for (auto& active : waiting_) active->handle->Cancel(FinishReason::kCancelled);
       for (auto& active : running_) active->handle->Cancel(FinishReason::kCancelled);
     }
-    // Everything but collecting a step's tokens and queueing the next one happens while the
-    // engine computes: the device waits only for the time between those two.
+    // Everything happens while the engine computes. The next step is queued behind the one in
+    // flight, its decode rows taking that step's tokens on the engine, so the device goes from
+    // step to step without waiting for the host; then the older step's tokens are collected.
+    // Only when a step samples on the host is the step in flight collected first.
     Prepare();
     ChargeTime(SchedulerPhase::kPrepare);
-    if (in_flight_ != nullptr) CompleteStep();  // Charges kEngineWait and kCollect.
-    LaunchStep();
+    if (!in_flight_.empty() && !CanQueueBehindStepInFlight()) {
+      CompleteStep();  // Charges kEngineWait and kCollect.
+    }
+    const bool launched = LaunchStep();
     ChargeTime(SchedulerPhase::kLaunch);
+    if (in_flight_.size() > 1 || (!launched && !in_flight_.empty())) CompleteStep();
     ReleaseFinished();
     delivery_.Post(std::exchange(outbox_, {}));
     ChargeTime(SchedulerPhase::kRelease);
@@ -268,7 +279,8 @@ void Scheduler::Finish(Active& active, FinishReason reason, absl::Status status,
   times.total = now - active.arrival;
   if (metrics_ != nullptr) metrics_->RequestFinished(reason, status, times);
   active.finish = reason;
-  const bool absorb_first = active.session != nullptr && !active.last_output_fed && status.ok();
+  const bool absorb_first = active.session != nullptr &&
+                            (!active.last_output_fed || active.rows_in_flight > 0) && status.ok();
   auto deliver = [handle = active.handle, tokens = std::move(last_tokens), reason,
                   status = std::move(status), times]() mutable {
     handle->Finish(std::move(tokens), reason, std::move(status), times);
@@ -433,11 +445,28 @@ void Scheduler::Prepare() {
   }
 }
 
-void Scheduler::LaunchStep() {
+bool Scheduler::SamplesOnHost(const GenerationSpec& spec) {
+  // Penalties read the request's history, top_logprobs reads the distribution.
+  const SamplingParams& p = spec.sampling;
+  return spec.top_logprobs > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
+}
+
+bool Scheduler::CanQueueBehindStepInFlight() const {
+  const StepInFlight& newest = *in_flight_.back();
+  if (!newest.status.ok() || newest.host_sampling) return false;
+  return std::none_of(running_.begin(), running_.end(), [](const std::unique_ptr<Active>& active) {
+    return !active->finish && SamplesOnHost(active->spec);
+  });
+}
+
+bool Scheduler::LaunchStep() {
   // The batch: the final token of finished session requests, one decode token per running
   // sequence, and prefill chunks within the budget.
-  in_flight_ = std::make_unique<StepInFlight>();
-  StepInFlight& step = *in_flight_;
+  auto owned_step = std::make_unique<StepInFlight>();
+  StepInFlight& step = *owned_step;
+  step.id = next_step_id_++;
+  const StepInFlight* behind = in_flight_.empty() ? nullptr : in_flight_.back().get();
   int64_t prefill_budget = options_.prefill_tokens_per_step;
   for (auto& owned : running_) {
     Active& active = *owned;
@@ -455,28 +484,35 @@ void Scheduler::LaunchStep() {
       if (prefill_budget <= 0) continue;
       const size_t n = std::min<size_t>(prefill_budget, active.spec.prompt.size() - active.fed);
       step.batch.push_back({active.slot, std::span(active.spec.prompt).subspan(active.fed, n)});
-      step.rows.push_back({&active, RowKind::kPrompt, active.fed + n == active.spec.prompt.size()});
+      active.fed += n;
+      step.rows.push_back({&active, RowKind::kPrompt, active.fed == active.spec.prompt.size()});
       prefill_budget -= n;
       step.prefill_tokens += n;
+    } else if (behind != nullptr && active.chosen_in_step == behind->id) {
+      // The step in flight chooses this request's next token: take it on the engine. If that
+      // token is the request's last by length, only a session needs it (absorbed, not sampled
+      // from); a request may also end on it by EOS or a stop token, and then this row's token is
+      // dropped when the step is collected.
+      const bool last = static_cast<int32_t>(active.output.size()) + 1 >=
+                        active.spec.stop.max_new_tokens;
+      if (last && active.session == nullptr) continue;
+      step.batch.push_back({.slot = active.slot, .takes_token_in_flight = true});
+      step.rows.push_back({&active, last ? RowKind::kFinalToken : RowKind::kDecode, !last});
+      active.chosen_taken_ahead = true;
     } else {
       step.batch.push_back({active.slot, std::span(&active.output.back(), 1)});
       step.rows.push_back({&active, RowKind::kDecode, /*samples=*/true});
     }
   }
-  if (step.batch.empty()) {
-    in_flight_.reset();
-    return;
-  }
-
-  // Tokens are chosen on the engine (only ids come back) unless a request needs the logits:
-  // penalties read its history, top_logprobs reads the distribution. Such a step runs at once.
+  if (step.batch.empty()) return false;
   for (const Row& row : step.rows) {
-    const GenerationSpec& spec = row.owner->spec;
-    const SamplingParams& p = spec.sampling;
-    if (row.samples && (spec.top_logprobs > 0 || p.repetition_penalty != 1.0f ||
-                        p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)) {
-      step.host_sampling = true;
-    }
+    Active& active = *row.owner;
+    ++active.rows_in_flight;
+    if (row.kind != RowKind::kPrompt) active.last_output_fed = true;
+    if (row.samples) active.chosen_in_step = step.id;
+    // Tokens are chosen on the engine (only ids come back) unless a request needs the logits.
+    // Such a step runs at once.
+    if (row.samples && SamplesOnHost(active.spec)) step.host_sampling = true;
   }
   ChargeTime(SchedulerPhase::kBatch);
   step.start = absl::Now();
@@ -490,10 +526,13 @@ void Scheduler::LaunchStep() {
     }
     step.status = engine_->StartForwardAndSample(step.batch, params);
   }
+  in_flight_.push_back(std::move(owned_step));
+  return true;
 }
 
 void Scheduler::CompleteStep() {
-  const std::unique_ptr<StepInFlight> collected = std::move(in_flight_);
+  const std::unique_ptr<StepInFlight> collected = std::move(in_flight_.front());
+  in_flight_.pop_front();
   StepInFlight& step = *collected;
   std::vector<GeneratedToken> chosen(step.batch.size());
   const int64_t V = engine_->config().vocab_size;
@@ -522,13 +561,17 @@ void Scheduler::CompleteStep() {
   }
   const absl::Time step_end = absl::Now();
   if (metrics_ != nullptr) {
-    metrics_->StepFinished(static_cast<int64_t>(step.batch.size()), step.prefill_tokens,
-                           step_end - step.start);
+    // A step queued behind another starts when that one ends.
+    const absl::Duration took = step_end - std::max(step.start, previous_step_end_);
+    metrics_->StepFinished(static_cast<int64_t>(step.batch.size()), step.prefill_tokens, took);
   }
+  previous_step_end_ = step_end;
 
   for (size_t i = 0; i < step.rows.size(); ++i) {
     const Row& row = step.rows[i];
     Active& active = *row.owner;
+    --active.rows_in_flight;
+    const bool taken_ahead = row.samples && std::exchange(active.chosen_taken_ahead, false);
     if (!step.status.ok()) {
       if (!active.finish) Finish(active, FinishReason::kCancelled, step.status);
       active.absorbing_final = false;
@@ -538,22 +581,20 @@ void Scheduler::CompleteStep() {
     switch (row.kind) {
       case RowKind::kFinalToken:
         active.absorbing_final = false;
-        active.last_output_fed = true;
         continue;
       case RowKind::kPrompt:
-        active.fed += step.batch[i].tokens.size();
         if (metrics_ != nullptr) metrics_->PromptTokens(step.batch[i].tokens.size());
         break;
       case RowKind::kDecode:
-        active.last_output_fed = true;
         break;
     }
-    // A request that ended while the step ran (cancelled, past its deadline) keeps what its
-    // state absorbed but not the token chosen after it.
+    // A request that ended while the step ran (cancelled, past its deadline, or on the token
+    // before, when this row took it on the engine) keeps what its state absorbed but not the
+    // token chosen after it.
     if (!row.samples || active.finish) continue;
     const GeneratedToken& token = chosen[i];
     active.output.push_back(token.id);
-    active.last_output_fed = false;
+    active.last_output_fed = taken_ahead;
     const bool first = active.output.size() == 1;
     if (first) active.first_token = step_end;
     const absl::Duration since_previous = step_end - (first ? active.arrival : active.last_token);
@@ -587,12 +628,12 @@ void Scheduler::CompleteStep() {
 }
 
 void Scheduler::ReleaseFinished() {
-  // Requests that are done (and, for sessions, have absorbed their last token) leave. None of
-  // them is in the step in flight: LaunchStep queues no row of a finished request but the final
-  // token of a session's, and that one is not done until it has been absorbed.
+  // Requests that are done (and, for sessions, have absorbed their last token) leave once no
+  // step in flight has a row of theirs.
   for (auto it = running_.begin(); it != running_.end();) {
     Active& active = **it;
-    const bool done = active.finish && (active.session == nullptr || active.last_output_fed);
+    const bool done = active.finish && active.rows_in_flight == 0 &&
+                      (active.session == nullptr || active.last_output_fed);
     if (done) {
       ReleaseActive(active);
       it = running_.erase(it);

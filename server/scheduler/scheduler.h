@@ -157,12 +157,20 @@ class Scheduler {
 
   void Loop();
   // One turn of the loop, in this order: Prepare while the engine computes the step in flight
-  // (sessions bound, cancellations, admission), CompleteStep to collect its tokens (and decide
-  // which requests end), LaunchStep to queue the next, ReleaseFinished to free what ended.
+  // (sessions bound, cancellations, admission), LaunchStep to queue the next step behind it,
+  // CompleteStep to collect the older step's tokens (and decide which requests end),
+  // ReleaseFinished to free what ended.
   void Prepare();
+  // Collects the oldest step in flight.
   void CompleteStep();
-  void LaunchStep();
+  // Queues the next step; false when no request has anything to feed.
+  bool LaunchStep();
   void ReleaseFinished();
+  // Whether the next step may be queued behind the newest in flight, taking its tokens on the
+  // engine: not when either samples on the host.
+  bool CanQueueBehindStepInFlight() const;
+  // Whether a request's tokens are chosen on the host, from the logits.
+  static bool SamplesOnHost(const GenerationSpec& spec);
   // Adds the time since the previous call to `phase` in the metrics.
   void ChargeTime(SchedulerPhase phase);
   // Runs `task` on the scheduler thread and waits for it.
@@ -205,7 +213,10 @@ class Scheduler {
   int64_t resident_sessions_ = 0;  // Sessions whose state is in an engine slot.
   uint64_t next_session_number_ = 0;
   absl::Time phase_start_;  // Of the loop's current part, for ChargeTime.
-  std::unique_ptr<StepInFlight> in_flight_;  // Queued on the engine, tokens not collected yet.
+  // Queued on the engine, tokens not collected yet, oldest first (at most two).
+  std::deque<std::unique_ptr<StepInFlight>> in_flight_;
+  uint64_t next_step_id_ = 1;
+  absl::Time previous_step_end_;  // When the latest step was collected.
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
   std::vector<DeliveryThread::Delivery> outbox_;
 

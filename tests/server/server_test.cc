@@ -182,6 +182,56 @@ TEST_F(ServerTest, SessionContinuedInPiecesEqualsOneLongRequest) {
   EXPECT_FALSE(session.busy());
 }
 
+// A request that ends on a stop token ends while the next step has already taken that token on
+// the engine: the session then holds exactly the request's tokens, stop token included.
+TEST_F(ServerTest, SessionEndingOnAStopTokenHoldsExactlyItsTokens) {
+  Start();
+  const std::vector<int32_t> prompt = {1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 11};
+  const Streamed free_run = Generate(server_->stub(), GreedyRequest(prompt, 12));
+  ASSERT_TRUE(free_run.status.ok());
+  // Stop at the first token not seen before it, from the fifth on.
+  size_t stop_at = 4;
+  while (stop_at < free_run.ids.size() &&
+         std::count(free_run.ids.begin(), free_run.ids.begin() + stop_at,
+                    free_run.ids[stop_at]) > 0) {
+    ++stop_at;
+  }
+  ASSERT_LT(stop_at, free_run.ids.size());
+
+  grpc::ClientContext create_context;
+  v1::CreateSessionRequest create;
+  create.set_session_id("stops");
+  v1::Session session;
+  ASSERT_TRUE(server_->stub().CreateSession(&create_context, create, &session).ok());
+  v1::GenerateRequest stopping = GreedyRequest(prompt, 12);
+  stopping.set_session_id("stops");
+  stopping.mutable_stopping()->add_stop_token_ids(free_run.ids[stop_at]);
+  const Streamed stopped = Generate(server_->stub(), stopping);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status.error_message();
+  EXPECT_EQ(stopped.finish, v1::FINISH_REASON_STOP);
+  const std::vector<int32_t> expected_ids(free_run.ids.begin(),
+                                          free_run.ids.begin() + stop_at + 1);
+  EXPECT_EQ(stopped.ids, expected_ids);
+
+  grpc::ClientContext get_context;
+  v1::GetSessionRequest get;
+  get.set_session_id("stops");
+  ASSERT_TRUE(server_->stub().GetSession(&get_context, get, &session).ok());
+  EXPECT_EQ(session.tokens_absorbed(), int64_t(prompt.size() + expected_ids.size()));
+  EXPECT_FALSE(session.busy());
+
+  // Continuing it equals one request over everything.
+  const std::vector<int32_t> more = {12, 13, 14};
+  v1::GenerateRequest next = GreedyRequest(more, 6);
+  next.set_session_id("stops");
+  const Streamed continued = Generate(server_->stub(), next);
+  ASSERT_TRUE(continued.status.ok()) << continued.status.error_message();
+  std::vector<int32_t> whole = prompt;
+  whole.insert(whole.end(), expected_ids.begin(), expected_ids.end());
+  whole.insert(whole.end(), more.begin(), more.end());
+  EXPECT_EQ(continued.ids, Generate(server_->stub(), GreedyRequest(whole, 6)).ids);
+}
+
 TEST_F(ServerTest, ForkExportAndImportContinueLikeTheOriginal) {
   Start();
   auto call = [&](auto method, const auto& request, auto* response) {
