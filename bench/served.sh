@@ -48,18 +48,21 @@ read -r busy_after total_after < <(cpu)
 snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
 echo "served: $served"
-# Engine steps (ttt_step_duration_seconds by phase) and the scheduler thread's time by part of
-# its loop (ttt_scheduler_seconds_total), as differences over the run.
+# Engine steps (ttt_step_duration_seconds and the GPU's ttt_step_device_seconds, by phase) and
+# the scheduler thread's time by part of its loop (ttt_scheduler_seconds_total), as differences
+# over the run.
 awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
   -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" '
-  /^ttt_step_duration_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
+  /^ttt_step_(duration|device)_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
     v[$1] += (FILENAME == ARGV[1] ? -$2 : $2) }
   END {
     d = v["ttt_step_duration_seconds_count{phase=\"decode\"}"]
     p = v["ttt_step_duration_seconds_count{phase=\"prefill\"}"]
-    printf "server: %d decode steps of %.3f ms, %d with prompt tokens of %.3f ms (queued to collected); %.3f ms of wall time per step; cores busy %.0f%%\n",
+    printf "server: %d decode steps of %.3f ms (%.3f on the GPU), %d with prompt tokens of %.3f ms (%.3f on the GPU); %.3f ms of wall time per step; cores busy %.0f%%\n",
       d, 1e3 * v["ttt_step_duration_seconds_sum{phase=\"decode\"}"] / d,
+      1e3 * v["ttt_step_device_seconds_sum{phase=\"decode\"}"] / d,
       p, p ? 1e3 * v["ttt_step_duration_seconds_sum{phase=\"prefill\"}"] / p : 0,
+      p ? 1e3 * v["ttt_step_device_seconds_sum{phase=\"prefill\"}"] / p : 0,
       1e3 * wall / (d + p), 100 * b / t
     printf "scheduler thread, ms per step:"
     for (k in v) if (k ~ /^ttt_scheduler_seconds_total/) {

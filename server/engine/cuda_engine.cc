@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 #include <deque>
+#include <optional>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -138,8 +139,10 @@ class CudaEngine : public Engine {
 
   ~CudaEngine() override {
     graphs_.clear();
-    for (cudaEvent_t event : step_done_) {
-      if (event != nullptr) cudaEventDestroy(event);
+    for (const std::array<cudaEvent_t, kMaxStepsInFlight>& events : {step_start_, step_done_}) {
+      for (cudaEvent_t event : events) {
+        if (event != nullptr) cudaEventDestroy(event);
+      }
     }
     if (inputs_uploaded_ != nullptr) cudaEventDestroy(inputs_uploaded_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
@@ -174,6 +177,9 @@ class CudaEngine : public Engine {
   absl::Status StartForwardAndSample(std::span<const SequenceChunk> batch,
                                      std::span<const SamplingParams> sampling) override;
   absl::Status FinishForwardAndSample(std::vector<SampledToken>* tokens) override;
+  std::optional<absl::Duration> CollectedStepDeviceTime() const override {
+    return collected_device_time_;
+  }
 
  private:
   cu::ElementType gemm_type() const {
@@ -285,8 +291,10 @@ class CudaEngine : public Engine {
     PinnedBuffer ids, logprobs;
   };
   std::array<ChosenOnHost, kMaxStepsInFlight> host_chosen_;
-  std::array<cudaEvent_t, kMaxStepsInFlight> step_done_{};  // By output set.
+  // By output set: a step's first and last operation on the device, timed.
+  std::array<cudaEvent_t, kMaxStepsInFlight> step_start_{}, step_done_{};
   int next_output_set_ = 0;
+  std::optional<absl::Duration> collected_device_time_;
   // Each slot's row in the newest step in flight that chooses tokens (-1: none), and the slots
   // that have one.
   std::vector<int32_t> chosen_row_;
@@ -357,8 +365,9 @@ absl::Status CudaEngine::Initialize() {
     TTT_RETURN_IF_ERROR(set.logprobs.Reserve(max_rows * sizeof(float)));
   }
   chosen_row_.assign(capacity_, -1);
-  for (cudaEvent_t& event : step_done_) {
-    TTT_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  for (int set = 0; set < kMaxStepsInFlight; ++set) {
+    TTT_CUDA(cudaEventCreate(&step_start_[set]));
+    TTT_CUDA(cudaEventCreate(&step_done_[set]));
   }
   TTT_CUDA(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
   return absl::OkStatus();
@@ -717,6 +726,7 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
                                  std::span<const SamplingParams> sampling, bool sample) {
   // The staging buffers are rewritten below: the previous step's inputs must have left them.
   TTT_CUDA(cudaEventSynchronize(inputs_uploaded_));
+  TTT_CUDA(cudaEventRecord(step_start_[next_output_set_], stream_));
   const bool one_token_each =
       !batch.empty() && std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& chunk) {
         return chunk.length() == 1;
@@ -821,6 +831,10 @@ absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<Sample
   // Nothing newer chooses tokens once the newest step is collected.
   if (pending_.empty()) SetChosenRows({});
   TTT_CUDA(cudaEventSynchronize(step_done_[step.output_set]));
+  float milliseconds = 0;
+  TTT_CUDA(cudaEventElapsedTime(&milliseconds, step_start_[step.output_set],
+                                step_done_[step.output_set]));
+  collected_device_time_ = absl::Milliseconds(milliseconds);
   if (step.has_output) CollectOutputs(step.output_rows, step.output_set, logits, tokens);
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "server/engine/sampler.h"
 #include "server/model/config.h"
 
@@ -99,6 +100,10 @@ class Engine {
   virtual absl::Status StartForwardAndSample(std::span<const SequenceChunk> batch,
                                              std::span<const SamplingParams> sampling);
   virtual absl::Status FinishForwardAndSample(std::vector<SampledToken>* tokens);
+  // The device's time on the latest step collected (by Forward, ForwardAndSample or
+  // FinishForwardAndSample), from its first operation on the device to its last; absent where
+  // the backend does not measure it.
+  virtual std::optional<absl::Duration> CollectedStepDeviceTime() const { return std::nullopt; }
 
  protected:
   // Whether the default Start has results that Finish has not taken, and is not computing

@@ -66,6 +66,12 @@ Metrics::Metrics(std::string engine_tier)
                         .Help("Seconds per engine step; phase=prefill when the step held prompt "
                               "tokens, else decode.")
                         .Register(*registry_);
+  step_device_time_ = &BuildHistogram()
+                           .Name("ttt_step_device_seconds")
+                           .Help("Seconds the device spent on an engine step, from its first "
+                                 "operation on the device to its last (GPU engines); phase as "
+                                 "for ttt_step_duration_seconds.")
+                           .Register(*registry_);
   running_ = &BuildGauge().Name("ttt_num_requests_running").Help("Requests in the running batch.")
                   .Register(*registry_).Add({});
   waiting_ = &BuildGauge().Name("ttt_num_requests_waiting").Help("Requests waiting for a slot.")
@@ -89,12 +95,15 @@ Metrics::Metrics(std::string engine_tier)
   session_resumes_ = &BuildCounter().Name("ttt_session_resumes_total")
                           .Help("Sessions brought back from host memory into the engine.")
                           .Register(*registry_).Add({});
-  for (const char* phase : {"prefill", "decode"}) step_duration_->Add({{"phase", phase}}, kStepBuckets);
+  for (const char* phase : {"prefill", "decode"}) {
+    step_duration_->Add({{"phase", phase}}, kStepBuckets);
+    step_device_time_->Add({{"phase", phase}}, kStepBuckets);
+  }
   auto& scheduler_seconds =
       BuildCounter()
           .Name("ttt_scheduler_seconds_total")
-          .Help("Seconds of the scheduler thread by part of its loop; between the end of one "
-                "engine step and the start of the next (collect, batch, launch) the GPU waits.")
+          .Help("Seconds of the scheduler thread by part of its loop. The next step is queued "
+                "while one computes: the GPU waits only when the loop takes longer than a step.")
           .Register(*registry_);
   static constexpr const char* kPhaseLabels[kSchedulerPhases] = {
       "idle", "session_calls", "prepare", "engine_wait", "collect", "batch", "launch", "release"};
@@ -130,10 +139,15 @@ void Metrics::TokenGenerated(bool first, absl::Duration since_previous) {
       ->Observe(absl::ToDoubleSeconds(since_previous));
 }
 
-void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration) {
+void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration,
+                           std::optional<absl::Duration> device_time) {
   batch_size_->Observe(static_cast<double>(batch_rows));
-  step_duration_->Add({{"phase", prefill_tokens > 0 ? "prefill" : "decode"}}, kStepBuckets)
-      .Observe(absl::ToDoubleSeconds(duration));
+  const char* phase = prefill_tokens > 0 ? "prefill" : "decode";
+  step_duration_->Add({{"phase", phase}}, kStepBuckets).Observe(absl::ToDoubleSeconds(duration));
+  if (device_time.has_value()) {
+    step_device_time_->Add({{"phase", phase}}, kStepBuckets)
+        .Observe(absl::ToDoubleSeconds(*device_time));
+  }
 }
 
 void Metrics::SessionResumedFromHost() { session_resumes_->Increment(); }

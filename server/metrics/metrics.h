@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <prometheus/counter.h>
@@ -50,8 +51,10 @@ class Metrics {
   // A generated token; `since_previous` is the time since the request's previous token (or, for
   // the first, since its arrival).
   void TokenGenerated(bool first, absl::Duration since_previous);
-  // One engine step: rows in the batch, prompt tokens in it, time taken.
-  void StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration);
+  // One engine step: rows in the batch, prompt tokens in it, time taken (and the device's time
+  // on it, where the engine measures that).
+  void StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration,
+                    std::optional<absl::Duration> device_time);
   void SessionResumedFromHost();
   void SchedulerTime(SchedulerPhase phase, absl::Duration duration);
   void SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
@@ -66,6 +69,7 @@ class Metrics {
   prometheus::Histogram* queue_time_;
   prometheus::Histogram* batch_size_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
+  prometheus::Family<prometheus::Histogram>* step_device_time_;
   prometheus::Counter* scheduler_seconds_[kSchedulerPhases];
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

@@ -395,6 +395,9 @@ TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
       }
     }
   }
+  // The device's time on the last step collected is measured.
+  ASSERT_TRUE(gpu->CollectedStepDeviceTime().has_value());
+  EXPECT_GT(*gpu->CollectedStepDeviceTime(), absl::ZeroDuration());
   // Nothing is in flight now: no token to take.
   const SequenceSlot slot = *gpu->CreateSequence();
   const SequenceChunk takes{.slot = slot, .takes_token_in_flight = true};
