@@ -26,7 +26,7 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ -n "$port" ] || { cat "$work/server.log"; exit 1; }
-# Warm up: CUDA graphs for the batch buckets are captured on first use.
+# Warm up: connections, threads, and whatever the engine did not prepare at start.
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
   --requests "$streams" --prompt-tokens fixed:16 --output-tokens fixed:32 --progress=false \
   > /dev/null

@@ -94,7 +94,9 @@ absl::Status Run() {
       CreateEngine(model, {.backend = absl::GetFlag(FLAGS_backend),
                            .precision = precision,
                            .max_sequences = max_sequences,
-                           .state_pool_fraction = absl::GetFlag(FLAGS_state_pool_fraction)}));
+                           .state_pool_fraction = absl::GetFlag(FLAGS_state_pool_fraction),
+                           .prefill_tokens_per_step =
+                               absl::GetFlag(FLAGS_prefill_tokens_per_step)}));
   if (engine->max_sequences() == 0) {
     // The CPU engine is bounded by memory alone; a server still needs a bound for admission.
     constexpr int64_t kCpuDefaultSequences = 1024;

@@ -229,6 +229,11 @@ class CudaEngine : public Engine {
   // sequences' lengths; Complete waits for it and hands over its results.
   absl::Status Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
                        std::span<const SamplingParams> sampling, bool sample);
+  // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, tries every
+  // GEMM shape such steps use, and captures the decode graph of every bucket up to decode_rows.
+  absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
+  // The decode graph of a batch-size bucket, captured on first use.
+  absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
@@ -239,6 +244,8 @@ class CudaEngine : public Engine {
   // Copies a step's results from pinned memory (output set `set` of chosen tokens) to the caller.
   void CollectOutputs(int64_t rows, int set, std::vector<float>* logits,
                       std::vector<SampledToken>* tokens) const;
+  // The rows Gemm computes for `rows`: rounded up to a few shapes.
+  static int64_t GemmRows(int64_t rows);
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
@@ -370,6 +377,12 @@ absl::Status CudaEngine::Initialize() {
     TTT_CUDA(cudaEventCreate(&step_done_[set]));
   }
   TTT_CUDA(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
+  if (options_.prefill_tokens_per_step > 0) {
+    const int64_t decode_rows = std::min<int64_t>(std::bit_ceil(static_cast<size_t>(capacity_)),
+                                                  CudaEngineOptions::kPreparedDecodeRows);
+    TTT_RETURN_IF_ERROR(
+        PrepareForSteps(options_.prefill_tokens_per_step + decode_rows, decode_rows));
+  }
   return absl::OkStatus();
 }
 
@@ -674,15 +687,19 @@ void CudaEngine::CollectOutputs(int64_t rows, int set, std::vector<float>* logit
   }
 }
 
-absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
-                              float* y, bool accumulate) {
-  if (rows == 0) return absl::OkStatus();
+int64_t CudaEngine::GemmRows(int64_t rows) {
   // Each new shape costs cuBLAS a heuristic query and perhaps loading a kernel, milliseconds in
   // all, and prefill steps come in every size: rows are rounded up to a few shapes. The buffers
   // have room (EnsureScratch sizes them to powers of two); the extra rows are scratch.
   constexpr int64_t kRowMultiple = 256;
-  rows = rows < kRowMultiple ? std::bit_ceil(static_cast<uint64_t>(rows))
+  return rows < kRowMultiple ? std::bit_ceil(static_cast<uint64_t>(rows))
                              : (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
+}
+
+absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
+                              float* y, bool accumulate) {
+  if (rows == 0) return absl::OkStatus();
+  rows = GemmRows(rows);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType_t type =
       options_.precision == WeightPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -793,6 +810,14 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   }
   TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample));
 
+  TTT_ASSIGN_OR_RETURN(const cudaGraphExec_t graph, DecodeGraphFor(bucket, sample));
+  TTT_CUDA(cudaGraphLaunch(graph, stream_));
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
+  SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
+  return EndStep(/*has_output=*/true, n, sample);
+}
+
+absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
   if (graph == nullptr) {
     auto captured = std::make_unique<DecodeGraph>();
@@ -805,10 +830,31 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
     TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
     graph = std::move(captured);
   }
-  TTT_CUDA(cudaGraphLaunch(*graph->exec(), stream_));
-  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
-  SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
-  return EndStep(/*has_output=*/true, n, sample);
+  return *graph->exec();
+}
+
+absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {
+  const ModelConfig& c = model_->config;
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, decode_rows, decode_rows));
+  // Every GEMM shape of such steps, once, on whatever the buffers hold.
+  const LayerWeights& w = layers_.front();
+  Scratch& s = scratch_;
+  for (int64_t rows = 1; rows <= max_rows; rows = GemmRows(rows) + 1) {
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, s.proj.get<float>(), false));
+    TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, s.h.get<float>(), true));
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get<float>(), false));
+    TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
+    if (rows <= decode_rows) {
+      TTT_RETURN_IF_ERROR(
+          Gemm(s.final_in.get(), rows, D, lm_head_, c.vocab_size, s.logits.get<float>(), false));
+    }
+  }
+  for (int64_t bucket = 1; bucket <= decode_rows; bucket *= 2) {
+    TTT_RETURN_IF_ERROR(DecodeGraphFor(bucket, /*sample=*/true).status());
+  }
+  TTT_CUDA(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample) {

@@ -20,6 +20,13 @@ struct CudaEngineOptions {
   size_t state_pool_bytes = 0;
   double state_pool_fraction = 0.5;
   int device = 0;
+  // The scheduler's prefill budget (prompt tokens per step). When set, the engine prepares at
+  // start for the steps it implies, with decode rows for up to kPreparedDecodeRows sequences:
+  // buffers sized, every GEMM shape tried once (cuBLAS picks its kernel and loads it on first
+  // use) and a decode graph captured for every batch-size bucket, so that no request pays for
+  // those. Larger steps still run; they pay once.
+  int64_t prefill_tokens_per_step = 0;
+  static constexpr int64_t kPreparedDecodeRows = 1024;
 };
 
 // Number of CUDA devices usable by this process (0 without a driver or GPU).

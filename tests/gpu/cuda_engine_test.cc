@@ -369,8 +369,12 @@ TEST_F(CudaEngineStateTest, CallsWhileAStepIsInFlightComeAfterIt) {
 // as feeding them back from the host, through both kinds of step (a prompt next to taken tokens;
 // decode graphs), across windows, and the same greedy tokens as the CPU engine.
 TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
-  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
-  ASSERT_NE(gpu, nullptr);
+  // Prepared at start for such steps: buffers, GEMM shapes and decode graphs made ahead.
+  auto created = CreateCudaEngine(model_, {.precision = WeightPrecision::kFloat32,
+                                           .max_sequences = 64,
+                                           .prefill_tokens_per_step = 32});
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Engine> gpu = std::move(*created);
   constexpr int kSteps = 40;
   for (const SamplingParams& sampling :
        {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 50}}) {
