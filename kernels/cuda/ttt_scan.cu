@@ -344,15 +344,28 @@ __global__ void __launch_bounds__(kThreads)
 
   // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
   // b1 −= Σ_j τ·lr_j·g_j.
+  // This thread's τ·lr_j·g_j stay in registers for a pass over W1 (one pass per 16 tokens).
   if (r == K - 1 && active) {
-    for (int d = 0; d < f; ++d) {
-      float update = 0;
-      for (int j = 0; j < K; ++j) update += tau_last * lrs[j] * keys[j * f + d] * grads[j * f + c];
-      W1[d * f + c] = w1[d * f + c] - update;
+    constexpr int kChunk = 16;
+    float update_b = 0;
+    for (int j0 = 0; j0 < K; j0 += kChunk) {
+      float scaled[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        scaled[i] = j0 + i < K ? tau_last * lrs[j0 + i] * grads[(j0 + i) * f + c] : 0.0f;
+        update_b += scaled[i];
+      }
+      for (int d = 0; d < f; ++d) {
+        float update = 0;
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          if (j0 + i < K) update += keys[(j0 + i) * f + d] * scaled[i];
+        }
+        w1[d * f + c] -= update;
+      }
     }
-    float update = 0;
-    for (int j = 0; j < K; ++j) update += tau_last * lrs[j] * grads[j * f + c];
-    b1[c] = bias - update;
+    for (int d = 0; d < f; ++d) W1[d * f + c] = w1[d * f + c];
+    b1[c] = bias - update_b;
   }
 }
 
