@@ -722,6 +722,8 @@ absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor
 absl::Status CudaEngine::ForwardAndSample(std::span<const SequenceChunk> batch,
                                           std::span<const SamplingParams> sampling,
                                           std::vector<SampledToken>* tokens) {
+  // Finish would hand over the oldest step's tokens, not this one's.
+  if (!pending_.empty()) return StepInFlightError();
   TTT_RETURN_IF_ERROR(StartForwardAndSample(batch, sampling));
   return FinishForwardAndSample(tokens);
 }

@@ -339,6 +339,9 @@ TEST_F(CudaEngineStateTest, CallsWhileAStepIsInFlightComeAfterIt) {
     std::vector<float> logits;
     EXPECT_EQ(gpu->Forward({&gpu_chunk, 1}, LogitsFor::kLastToken, &logits).code(),
               absl::StatusCode::kFailedPrecondition);
+    std::vector<SampledToken> refused;
+    EXPECT_EQ(gpu->ForwardAndSample({&gpu_chunk, 1}, {&greedy, 1}, &refused).code(),
+              absl::StatusCode::kFailedPrecondition);
     const SequenceSlot fork = *gpu->ForkSequence(on_gpu);
     const std::string saved = *gpu->SaveSequence(on_gpu);
     const SequenceSlot fresh = *gpu->CreateSequence();
