@@ -139,7 +139,7 @@ std::vector<std::vector<SampledToken>> GenerateScripted(Engine& engine, bool pip
     return tokens;
   };
   const std::vector<std::vector<int32_t>> prompts = {prompt(5, 0), prompt(17, 1), prompt(3, 2),
-                                                     prompt(9, 3)};
+                                                     prompt(40, 3), prompt(9, 4)};
   std::vector<SequenceSlot> slots;
   std::vector<SamplingParams> params;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -160,7 +160,7 @@ std::vector<std::vector<SampledToken>> GenerateScripted(Engine& engine, bool pip
   for (int step = 0; step < steps; ++step) {
     std::vector<SequenceChunk> batch;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const int starts = i == 3 ? 1 : 0;  // The step that feeds sequence i's prompt.
+      const int starts = i >= 3 ? 1 : 0;  // The step that feeds sequence i's prompt.
       if (step < starts) continue;
       if (step == starts) {
         batch.push_back({slots[i], prompts[i]});

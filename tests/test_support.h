@@ -53,9 +53,10 @@ std::string ScratchDir();
 std::vector<float> FeedInChunks(Engine& engine, SequenceSlot slot, std::span<const int32_t> tokens,
                                 const std::vector<int64_t>& chunk_sizes);
 
-// A scripted generation through StartForwardAndSample: four sequences, three of which start
-// with prompts of 5, 17 and 3 tokens and the fourth with 9 tokens one step later, then one token
-// each per step, `steps` steps in all. Pipelined, each step is queued before the previous one is
+// A scripted generation through StartForwardAndSample: five sequences, three of which start
+// with prompts of 5, 17 and 3 tokens and two with 40 and 9 tokens one step later (so that the
+// second step is larger than the first in rows and in sequences), then one token each per step,
+// `steps` steps in all. Pipelined, each step is queued before the previous one is
 // finished and its sequences take the tokens in flight; otherwise each step is finished first and
 // the tokens go back in from the host. Sequence i samples with `sampling` and seed 100 + i.
 // Returns the tokens chosen at each step.

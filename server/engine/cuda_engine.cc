@@ -7,6 +7,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <deque>
 #include <optional>
@@ -72,6 +73,24 @@ class CudaBuffer {
       TTT_CUDA(cudaMallocHost(&data_, bytes));
     }
     bytes_ = bytes;
+    return absl::OkStatus();
+  }
+
+  // Grows to at least `bytes` keeping the contents: device memory is copied on `stream`, which
+  // must have nothing else in flight.
+  absl::Status GrowKeeping(size_t bytes, cudaStream_t stream) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    CudaBuffer bigger;
+    TTT_RETURN_IF_ERROR(bigger.Reserve(bytes));
+    if (bytes_ > 0) {
+      if constexpr (kMemory == Memory::kDevice) {
+        TTT_CUDA(cudaMemcpyAsync(bigger.data_, data_, bytes_, cudaMemcpyDeviceToDevice, stream));
+        TTT_CUDA(cudaStreamSynchronize(stream));
+      } else {
+        std::memcpy(bigger.data_, data_, bytes_);
+      }
+    }
+    std::swap(*this, bigger);
     return absl::OkStatus();
   }
 
@@ -291,8 +310,7 @@ class CudaEngine : public Engine {
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
-  // memory, one output set per step in flight. Room for bit_ceil(capacity_) rows, the most a
-  // step has (decode buckets included).
+  // memory, one output set per step in flight. Grown with the scratch, keeping what they hold.
   DeviceBuffer chosen_ids_, chosen_logprobs_;
   struct ChosenOnHost {
     PinnedBuffer ids, logprobs;
@@ -364,13 +382,6 @@ absl::Status CudaEngine::Initialize() {
   lengths_.assign(capacity_, -1);
   for (int64_t s = capacity_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<SequenceSlot>(s));
 
-  const size_t max_rows = std::bit_ceil(static_cast<size_t>(capacity_));
-  TTT_RETURN_IF_ERROR(chosen_ids_.Reserve(max_rows * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(chosen_logprobs_.Reserve(max_rows * sizeof(float)));
-  for (ChosenOnHost& set : host_chosen_) {
-    TTT_RETURN_IF_ERROR(set.ids.Reserve(max_rows * sizeof(int32_t)));
-    TTT_RETURN_IF_ERROR(set.logprobs.Reserve(max_rows * sizeof(float)));
-  }
   chosen_row_.assign(capacity_, -1);
   for (int set = 0; set < kMaxStepsInFlight; ++set) {
     TTT_CUDA(cudaEventCreate(&step_start_[set]));
@@ -636,6 +647,18 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
   TTT_RETURN_IF_ERROR(reserve(s.sampling, S * sizeof(cu::SamplingRow)));
   TTT_RETURN_IF_ERROR(reserve(s.host_sampling, S * sizeof(cu::SamplingRow)));
+  // The chosen tokens keep what they hold: the next step may take them, Complete may collect them.
+  auto keep = [&](auto& buffer, size_t bytes) -> absl::Status {
+    if (bytes <= buffer.bytes()) return absl::OkStatus();
+    grew = true;
+    return buffer.GrowKeeping(bytes, stream_);
+  };
+  TTT_RETURN_IF_ERROR(keep(chosen_ids_, S * sizeof(int32_t)));
+  TTT_RETURN_IF_ERROR(keep(chosen_logprobs_, S * f4));
+  for (ChosenOnHost& set : host_chosen_) {
+    TTT_RETURN_IF_ERROR(keep(set.ids, S * sizeof(int32_t)));
+    TTT_RETURN_IF_ERROR(keep(set.logprobs, S * f4));
+  }
   s.room = {.rows = static_cast<int64_t>(R),
             .segments = static_cast<int64_t>(S),
             .logit_rows = static_cast<int64_t>(L)};

@@ -369,43 +369,50 @@ TEST_F(CudaEngineStateTest, CallsWhileAStepIsInFlightComeAfterIt) {
 }
 
 // A step queued behind the one in flight takes that step's tokens on the device: the same tokens
-// as feeding them back from the host, through both kinds of step (a prompt next to taken tokens;
-// decode graphs), across windows, and the same greedy tokens as the CPU engine.
+// as feeding them back from the host, through both kinds of step (prompts next to taken tokens;
+// decode graphs), across windows, and the same greedy tokens as the CPU engine. On an engine
+// prepared at start for such steps, and on one that is not, whose buffers then grow while the
+// step whose tokens are taken is in flight.
 TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
-  // Prepared at start for such steps: buffers, GEMM shapes and decode graphs made ahead.
-  auto created = CreateCudaEngine(model_, {.precision = WeightPrecision::kFloat32,
-                                           .max_sequences = 64,
-                                           .prefill_tokens_per_step = 32});
-  ASSERT_TRUE(created.ok()) << created.status();
-  std::unique_ptr<Engine> gpu = std::move(*created);
   constexpr int kSteps = 40;
-  for (const SamplingParams& sampling :
-       {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 50}}) {
-    SCOPED_TRACE(absl::StrCat("temperature ", sampling.temperature));
-    const auto expected = testing::GenerateScripted(*gpu, /*pipelined=*/false, kSteps, sampling);
-    const auto got = testing::GenerateScripted(*gpu, /*pipelined=*/true, kSteps, sampling);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t step = 0; step < got.size(); ++step) {
-      ASSERT_EQ(got[step].size(), expected[step].size());
-      for (size_t b = 0; b < got[step].size(); ++b) {
-        EXPECT_EQ(got[step][b].id, expected[step][b].id) << "step " << step << " row " << b;
-        EXPECT_NEAR(got[step][b].logprob, expected[step][b].logprob, 1e-5);
-      }
-    }
-    if (sampling.temperature == 0.0f) {
-      CpuEngine cpu(model_);
-      const auto on_cpu = testing::GenerateScripted(cpu, /*pipelined=*/false, kSteps, sampling);
+  for (const int64_t prepared_for : {0, 32}) {
+    for (const SamplingParams& sampling :
+         {SamplingParams{}, SamplingParams{.temperature = 1.0f, .top_k = 50}}) {
+      SCOPED_TRACE(absl::StrCat("prepared for ", prepared_for, " prompt tokens, temperature ",
+                                sampling.temperature));
+      auto gpu = CreateCudaEngine(model_, {.precision = WeightPrecision::kFloat32,
+                                           .max_sequences = 64,
+                                           .prefill_tokens_per_step = prepared_for});
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      const auto got = testing::GenerateScripted(**gpu, /*pipelined=*/true, kSteps, sampling);
+      const auto expected = testing::GenerateScripted(**gpu, /*pipelined=*/false, kSteps, sampling);
+      ASSERT_EQ(got.size(), expected.size());
       for (size_t step = 0; step < got.size(); ++step) {
+        ASSERT_EQ(got[step].size(), expected[step].size());
         for (size_t b = 0; b < got[step].size(); ++b) {
-          EXPECT_EQ(got[step][b].id, on_cpu[step][b].id) << "step " << step << " row " << b;
+          EXPECT_EQ(got[step][b].id, expected[step][b].id) << "step " << step << " row " << b;
+          EXPECT_NEAR(got[step][b].logprob, expected[step][b].logprob, 1e-5);
         }
       }
+      if (sampling.temperature == 0.0f) {
+        CpuEngine cpu(model_);
+        const auto on_cpu = testing::GenerateScripted(cpu, /*pipelined=*/false, kSteps, sampling);
+        for (size_t step = 0; step < got.size(); ++step) {
+          for (size_t b = 0; b < got[step].size(); ++b) {
+            EXPECT_EQ(got[step][b].id, on_cpu[step][b].id) << "step " << step << " row " << b;
+          }
+        }
+      }
+      // The device's time on the last step collected is measured.
+      ASSERT_TRUE((*gpu)->CollectedStepDeviceTime().has_value());
+      EXPECT_GT(*(*gpu)->CollectedStepDeviceTime(), absl::ZeroDuration());
     }
   }
-  // The device's time on the last step collected is measured.
-  ASSERT_TRUE(gpu->CollectedStepDeviceTime().has_value());
-  EXPECT_GT(*gpu->CollectedStepDeviceTime(), absl::ZeroDuration());
-  // Nothing is in flight now: no token to take.
+}
+
+TEST_F(CudaEngineStateTest, TakingATokenWithNothingInFlightIsRefused) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
   const SequenceSlot slot = *gpu->CreateSequence();
   const SequenceChunk takes{.slot = slot, .takes_token_in_flight = true};
   const SamplingParams greedy;
