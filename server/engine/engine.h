@@ -124,8 +124,8 @@ class Engine {
 // The checks every backend's Forward makes before touching any state: every slot holds a live
 // sequence (`is_live`; NotFound otherwise), slots are distinct, tokens inside [0, vocab_size),
 // and chunks non-empty when kLastToken wants logits. A chunk that takes the token in flight has no
-// tokens of its own, and the step in flight must choose one for its slot (`chosen_in_flight`;
-// none is when it is null). Errors name the field (batch[i].slot, ...).
+// tokens of its own, and the step in flight must choose one for its slot (`chosen_in_flight`; a
+// null one means no step is in flight). Errors name the field (batch[i].slot, ...).
 absl::Status ValidateBatch(std::span<const SequenceChunk> batch, LogitsFor which,
                            int64_t vocab_size, const std::function<bool(SequenceSlot)>& is_live,
                            const std::function<bool(SequenceSlot)>& chosen_in_flight = nullptr);
