@@ -623,6 +623,26 @@ TEST_F(ServerTest, TopLogprobsAreTheModelsDistribution) {
   }
 }
 
+// Requests whose tokens are chosen on the host (top_logprobs) and on the engine share the batch:
+// the scheduler switches between queueing steps behind one another and running them one at a
+// time, and every request still gets its own greedy tokens.
+TEST_F(ServerTest, HostAndEngineSamplingRequestsRunTogether) {
+  Start();
+  const std::vector<int32_t> long_prompt = {1, 10, 20, 30, 40, 50, 60, 70};
+  const std::vector<int32_t> short_prompt = {1, 11, 12, 13};
+  Streamed plain, with_top;
+  std::thread first([&] { plain = Generate(server_->stub(), GreedyRequest(long_prompt, 200)); });
+  absl::SleepFor(absl::Milliseconds(5));  // Let it get going, then join it halfway.
+  v1::GenerateRequest top = GreedyRequest(short_prompt, 20);
+  top.set_top_logprobs(2);
+  with_top = Generate(server_->stub(), top);
+  first.join();
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_TRUE(with_top.status.ok()) << with_top.status.error_message();
+  EXPECT_EQ(plain.ids, EngineGreedy(model(), long_prompt, 200));
+  EXPECT_EQ(with_top.ids, EngineGreedy(model(), short_prompt, 20));
+}
+
 TEST_F(ServerTest, MetricsCountExactlyWhatHappened) {
   Start();
   int64_t prompt_tokens = 0, generated = 0;
