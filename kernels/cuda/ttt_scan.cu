@@ -397,14 +397,20 @@ __device__ __forceinline__ float TokenSum(float v) {
   return v;
 }
 
-// The LayerNorm of one token's row spread over its lanes (lane s holds columns s + 8m, zero past
-// f): the row centred in place, and 1/s returned.
-__device__ __forceinline__ float CentreTokenRow(float (&row)[kPrefillMaxF / kLanesPerToken], int f,
-                                                int s, float eps) {
+// The LayerNorm of token t's row of `rows` (shared, P floats apart) spread over its lanes: lane s
+// holds columns s + 8m (zero past f, and everywhere when !active), centred, and 1/s is returned.
+// Every lane of the warp must call it (the sums are shuffles).
+__device__ __forceinline__ float CentreTokenRow(const float* rows, int P, int t, bool active,
+                                                int f, int s, float eps,
+                                                float (&row)[kPrefillMaxF / kLanesPerToken]) {
   constexpr int kColumns = kPrefillMaxF / kLanesPerToken;
   float sum = 0;
 #pragma unroll
-  for (int m = 0; m < kColumns; ++m) sum += row[m];
+  for (int m = 0; m < kColumns; ++m) {
+    const int col = s + m * kLanesPerToken;
+    row[m] = active && col < f ? rows[t * P + col] : 0.0f;
+    sum += row[m];
+  }
   const float mean = TokenSum(sum) / f;
   float square = 0;
 #pragma unroll
@@ -520,12 +526,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     const bool token_active = t >= r0 && t <= r1;
     {
       float row[kColumns];
-#pragma unroll
-      for (int m = 0; m < kColumns; ++m) {
-        const int col = s + m * kLanesPerToken;
-        row[m] = token_active && col < f ? z[t * P + col] : 0.0f;
-      }
-      const float inv_std = CentreTokenRow(row, f, s, p.ln_eps);
+      const float inv_std = CentreTokenRow(z, P, t, token_active, f, s, p.ln_eps, row);
       float e[kColumns], sum_e = 0, sum_e_xhat = 0;
 #pragma unroll
       for (int m = 0; m < kColumns; ++m) {
@@ -582,12 +583,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     // By token: out = q + LN(z̄). Every lane takes part in the shuffles.
     {
       float row[kColumns];
-#pragma unroll
-      for (int m = 0; m < kColumns; ++m) {
-        const int col = s + m * kLanesPerToken;
-        row[m] = token_active && col < f ? z[t * P + col] : 0.0f;
-      }
-      const float inv_std = CentreTokenRow(row, f, s, p.ln_eps);
+      const float inv_std = CentreTokenRow(z, P, t, token_active, f, s, p.ln_eps, row);
       const int64_t at = (row0 + t) * D + head * f;
 #pragma unroll
       for (int m = 0; m < kColumns; ++m) {
