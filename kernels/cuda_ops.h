@@ -62,14 +62,15 @@ cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int
                                const Segment* segments, StateAddress state, size_t history_offset,
                                cudaStream_t stream);
 
-// Decode form of the pre-conv sub-block, for batches whose segments have at most one row each
-// (row b is segment b): h += CausalConv(RMSNorm(h)), the history rewritten in place. Segments
-// with no row (padding) change nothing.
+// Decode form of the pre-conv sub-block and the RMSNorm after it, for batches whose segments
+// have at most one row each (row b is segment b): h += CausalConv(RMSNorm(h)), the history
+// rewritten in place, then y = RMSNorm(h) with `next_norm_weight` and the same eps, as RmsNorm
+// writes it. Segments with no row (padding) change no state.
 cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, float eps,
                           const float* conv_weight, const float* conv_bias, int ck,
                           const Segment* segments, StateAddress state, size_t history_offset,
+                          const float* next_norm_weight, void* y, ElementType y_type,
                           cudaStream_t stream);
-
 // Where the TTT layer's inputs sit in a row of the fused input projection
 // [rows, ld] = x · [W_q; W_k; W_v; W_g; w_lr]ᵀ.
 struct ProjectionColumns {
@@ -83,14 +84,24 @@ struct QkConv {  // share_qk: the two causal convs over the shared stream and it
   size_t history_offset;
 };
 
-// Reads a batch's fused projection and writes the TTT scan's inputs (spec §3.2–3.4): q and k
-// (through the convs when share_qk, then RoPE at (start + i) mod K from `rope` [K, f/2] of
-// (cos, sin)), v, and lr [rows, nh] = base_lr · sigmoid(x·w_lr + bias) / f.
+// What the TTT layer's inputs are made from: the fused projection and the parameters of the
+// convs, RoPE and step sizes.
+struct TttProjectionInputs {
+  const float* proj;  // [rows, columns.ld]
+  ProjectionColumns columns;
+  const float2* rope;  // [K, f/2] of (cos, sin), by position in the window.
+  bool share_qk;       // q and k are `conv`'s two convs of the q block.
+  QkConv conv;
+  const float* lr_bias;  // [nh]
+  float base_lr;
+};
+
+// Writes the TTT scan's inputs (spec §3.2–3.4): q and k (through the convs when share_qk, then
+// RoPE at (start + i) mod K), v, and lr [rows, nh] = base_lr · sigmoid(x·w_lr + bias) / f.
 // rewrite_history (only for batches of at most one row per segment): the q/k conv history is
 // advanced in place; otherwise the caller advances it afterwards.
-cudaError_t PrepareTttInputs(const float* proj, ProjectionColumns columns, int rows, int nh, int f,
-                             int K, const float2* rope, const QkConv* conv, const float* lr_bias,
-                             float base_lr, const Segment* segments, const int32_t* row_segment,
+cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh, int f, int K,
+                             const Segment* segments, const int32_t* row_segment,
                              StateAddress state, bool rewrite_history, float* q, float* k, float* v,
                              float* lr, cudaStream_t stream);
 
@@ -105,11 +116,19 @@ struct TttScanParams {
 
 // The TTT inner loop (spec §3.6, §4) for every (segment, head): gradients at θ0, dual-form
 // outputs, θ0 committed after each window's last token. q, k, v, out: [rows, nh·f]; lr [rows, nh].
-// one_token_each: no segment has more than one row (a decode step), which has a faster kernel.
-cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segment* segments,
-                    int num_segments, const float* q, const float* k, const float* v,
-                    const float* lr, StateAddress state, TttStateOffsets offsets, float* out,
-                    cudaStream_t stream);
+cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,
+                    const float* q, const float* k, const float* v, const float* lr,
+                    StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream);
+
+// The decode form of PrepareTttInputs and TttScan in one kernel, for batches of one row per
+// segment (row b is segment b): the q/k conv histories are rewritten in place. Covers
+// TTT-Linear with f ≤ 64 (f % 4 == 0) and a state laid out for 16-byte copies, which
+// TttDecodeFits tells; otherwise it returns cudaErrorNotSupported.
+bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   StateAddress state, TttStateOffsets offsets);
+cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
+                      const Segment* segments, int num_segments, StateAddress state,
+                      TttStateOffsets offsets, float* out, cudaStream_t stream);
 
 // The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
 // times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`.

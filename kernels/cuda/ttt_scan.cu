@@ -7,12 +7,13 @@
 // Three kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP): thread c owns
 // column c of W1 (and row c of W2), so the pass over θ0 for a token reads every weight once,
 // coalesced; θ0 stays in device memory (L1/L2-cached) across tokens. The decode one (TTT-Linear,
-// one token per sequence, the hot path of serving) copies θ0 to shared memory asynchronously, so
-// that all of it is in flight at once, and pairs independent reductions on one barrier. The
+// one token per sequence, the hot path of serving) reads its inputs from the projection itself,
+// copies θ0 to shared memory asynchronously, so that all of it is in flight at once, and pairs
+// independent reductions on one barrier. The
 // prefill one (TTT-Linear, K = 16) takes a window's tokens at once in the dual form.
 #include <cuda_pipeline.h>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/causal_conv.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
@@ -215,157 +216,240 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
   }
 }
 
-constexpr int kDecodeMaxF = 64;  // f ≤ this uses the decode kernel (64 in all presets but 760m).
+// Decode, TTT-Linear: one token per sequence, one warp per (sequence, head), with no barrier but
+// the warp's own. The token's inputs come from the fused projection (the q/k convs with their
+// histories, RoPE and the step size, as PrepareTttInputs computes them: one kernel fewer per
+// layer).
+//
+// The warp covers a [rows, f] matrix in 16-byte pieces: lane (row group ro, column group cg) holds
+// columns 4·cg .. 4·cg + 3 of rows ro, ro + R, ro + 2R, ... (R = 128 / f rows at once), so each
+// warp-wide access reads R whole rows. Sums over columns are shuffles within a row group
+// (ColumnSum); sums over rows are shuffles across them (RowGroupSum). θ0's W1 is copied to shared
+// memory with cp.async (all of it in flight at once, no registers held); the window's pending
+// keys and gradients are loaded into registers meanwhile, and their q·k_j products are taken
+// before θ0 arrives. At a window's last token θ0 is committed from shared memory.
+constexpr int kDecodeMaxWindow = 16;  // K ≤ this (16 in every known model; others: the general kernel).
 
-// Sums over the block; every thread gets the results. Two values at once, so that reductions
-// that do not depend on each other share the barriers.
-__device__ __forceinline__ float2 BlockSum2(float2 v, float2* scratch) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  v.x = WarpSum(v.x);
-  v.y = WarpSum(v.y);
-  __syncthreads();  // Earlier readers of scratch are done.
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float2 total = {0, 0};
-  for (int w = 0; w < blockDim.x / kWarp; ++w) {
-    total.x += scratch[w].x;
-    total.y += scratch[w].y;
+template <int kF>
+struct DecodeTile {
+  static constexpr int kLanesPerRow = kF / 4;
+  static constexpr int kRowsAtOnce = kWarp / kLanesPerRow;  // R
+  static constexpr int kRowsPerLane = kF / kRowsAtOnce;     // Of θ0's f rows.
+  static constexpr int kWindowRowsPerLane = (kDecodeMaxWindow + kRowsAtOnce - 1) / kRowsAtOnce;
+};
+
+template <int kF>
+__device__ __forceinline__ float ColumnSum(float v) {
+  for (int offset = 1; offset < DecodeTile<kF>::kLanesPerRow; offset *= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   }
-  return total;
+  return v;
 }
 
-// Decode, TTT-Linear: one token per sequence. One block of RoundUpToWarp(f) threads per
-// (sequence, head); thread c owns column c of W1. θ0 and the window's pending keys and gradients
-// are copied to shared memory asynchronously (cp.async: no registers held while in flight), so
-// that a block has all of its 16-20 KB in flight at once and the blocks sharing an SM keep HBM
-// busy. Shared memory: q, k [f]; keys, gradients [K, f] (this token's row included); W1 [f, f].
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads)
-    TttDecodeLinearKernel(TttScanParams p, const Segment* segments, const float* q_all,
-                          const float* k_all, const float* v_all, const float* lr_all,
-                          StateAddress state, TttStateOffsets off, float* out_all) {
-  extern __shared__ float dynamic[];
-  __shared__ float2 scratch[kThreads / kWarp];
-  __shared__ float dots[kMaxK];  // q·k_j
-  __shared__ float lrs[kMaxK];
-  const int f = p.f, K = p.K, nh = p.nh, D = nh * f;
-  float* sq = dynamic;          // [f]
-  float* sk = sq + f;           // [f]
-  float* keys = sk + f;         // [K, f]
-  float* grads = keys + K * f;  // [K, f]
-  float* w1 = grads + K * f;    // [f, f]
+template <int kF>
+__device__ __forceinline__ float RowGroupSum(float v) {
+  for (int offset = DecodeTile<kF>::kLanesPerRow; offset < kWarp; offset *= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
 
-  const Segment seg = segments[blockIdx.x / nh];
+__device__ __forceinline__ float Sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+__device__ __forceinline__ float Dot4(float4 a, float4 b) {
+  return (a.x * b.x + a.y * b.y) + (a.z * b.z + a.w * b.w);
+}
+__device__ __forceinline__ float4 operator*(float s, float4 v) {
+  return make_float4(s * v.x, s * v.y, s * v.z, s * v.w);
+}
+__device__ __forceinline__ float4 operator+(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ float4 operator-(float4 a, float4 b) {
+  return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
+}
+__device__ __forceinline__ float4 operator*(float4 a, float4 b) {
+  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+__device__ __forceinline__ float4 Broadcast4(float s) { return make_float4(s, s, s, s); }
+
+// LayerNorm over the f columns of a row held four columns a lane: returns x − mean, and 1/σ.
+template <int kF>
+__device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_std) {
+  const float4 centred = x - Broadcast4(ColumnSum<kF>(Sum4(x)) / kF);
+  *inv_std = rsqrtf(ColumnSum<kF>(Dot4(centred, centred)) / kF + eps);
+  return centred;
+}
+
+template <int kF, int kTaps>
+__global__ void __launch_bounds__(kWarp)
+    TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
+                          StateAddress state, TttStateOffsets off, float* out_all) {
+  using Tile = DecodeTile<kF>;
+  constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
+  extern __shared__ float4 w1[];  // θ0's W1 [f, f], then q and k [f] each.
+  float4* shared_q = w1 + kF * L;
+  float4* shared_k = shared_q + L;
+
+  const Segment seg = segments[blockIdx.x / p.nh];
   if (seg.count == 0) return;  // Padding of a decode graph's batch bucket.
-  const int head = blockIdx.x % nh;
+  const int head = blockIdx.x % p.nh, K = p.K, D = p.nh * kF;
+  const int lane = threadIdx.x, cg = lane % L, ro = lane / L;
   const int r = static_cast<int>(seg.start % K);
-  const int64_t at = static_cast<int64_t>(seg.row) * D + head * f;
   float* base = SequenceState(state, seg.slot);
-  float* W1 = base + off.W1 + static_cast<size_t>(head) * f * f;
-  float* b1 = base + off.b1 + head * f;
-  float* pk = base + off.k + head * K * f;
-  float* pg = base + off.g1 + head * K * f;
+  float4* W1 = reinterpret_cast<float4*>(base + off.W1) + head * kF * L;
+  float4* b1 = reinterpret_cast<float4*>(base + off.b1) + head * L;
+  float4* pk = reinterpret_cast<float4*>(base + off.k) + head * K * L;
+  float4* pg = reinterpret_cast<float4*>(base + off.g1) + head * K * L;
   float* plr = base + off.lr + head * K;
 
-  const int c = threadIdx.x, lane = c % kWarp, warp = c / kWarp;
-  const bool active = c < f;
-
-  if (active) {
-    for (int d = 0; d < f; ++d) __pipeline_memcpy_async(&w1[d * f + c], &W1[d * f + c], 4);
-    for (int j = 0; j < r; ++j) {
-      __pipeline_memcpy_async(&keys[j * f + c], &pk[j * f + c], 4);
-      __pipeline_memcpy_async(&grads[j * f + c], &pg[j * f + c], 4);
-    }
-  }
+  for (int i = lane; i < kF * L; i += kWarp) __pipeline_memcpy_async(&w1[i], &W1[i], 16);
   __pipeline_commit();
-  const float bias = active ? b1[c] : 0.0f;
-  const float v_c = active ? v_all[at + c] : 0.0f;
-  const float gamma = active ? p.ln_weight[head * f + c] : 0.0f;
-  const float beta = active ? p.ln_bias[head * f + c] : 0.0f;
-  const float lr_t = lr_all[static_cast<int64_t>(seg.row) * nh + head];
-  const float tau_r = p.tau[r], tau_last = p.tau[K - 1];
-  if (active) {
-    sq[c] = q_all[at + c];
-    sk[c] = k_all[at + c];
-  }
-  if (c < r) lrs[c] = plr[c];
-  __pipeline_wait_prior(0);
-  __syncthreads();
 
-  // z1 = k·W1 + b1 and zq = q·W1 + b1, then the gradient of this token's loss at θ0 (spec §3.5).
-  float z1 = bias, zq = bias;
-  if (active) {
-#pragma unroll 8
-    for (int d = 0; d < f; ++d) {
-      const float w = w1[d * f + c];
-      z1 += sk[d] * w;
-      zq += sq[d] * w;
+  // The window's earlier tokens: this lane's rows j = ro + R·m < r.
+  float4 keys[Tile::kWindowRowsPerLane], grads[Tile::kWindowRowsPerLane];
+  float lrs[Tile::kWindowRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    const int j = ro + R * m;
+    keys[m] = j < r ? pk[j * L + cg] : Broadcast4(0.0f);
+    grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
+    lrs[m] = j < r ? plr[j] : 0.0f;
+  }
+
+  // This token's inputs (spec §3.2–3.4), for this lane's four channels.
+  const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
+  const int channel = head * kF + 4 * cg;
+  float q[4], k[4], v[4];
+  Taps<kTaps> taps[4];
+  float* history = base + in.conv.history_offset;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (in.share_qk) {
+      taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
+                                  projected[in.columns.q + channel + i]);
+      q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
+      k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
+    } else {
+      q[i] = projected[in.columns.q + channel + i];
+      k[i] = projected[in.columns.k + channel + i];
     }
+    v[i] = projected[in.columns.v + channel + i];
   }
-  const float k_c = active ? sk[c] : 0.0f;
-  const float mean = BlockSum2({active ? z1 : 0.0f, 0.0f}, scratch).x / f;
-  const float centered = active ? z1 - mean : 0.0f;
-  const float inv_std = rsqrtf(BlockSum2({centered * centered, 0.0f}, scratch).x / f + p.ln_eps);
-  const float xhat = centered * inv_std;
-  const float e = active ? gamma * ((gamma * xhat + beta) - (v_c - k_c)) : 0.0f;
-  const float2 sums = BlockSum2({e, e * xhat}, scratch);
-  const float g = (f * e - sums.x - xhat * sums.y) * inv_std / f;
-  if (active) {
-    keys[r * f + c] = k_c;
-    grads[r * f + c] = g;
-    pk[r * f + c] = k_c;
-    pg[r * f + c] = g;
+  // RoPE at position r in the window: channels (2i, 2i + 1) rotate together.
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const float2 cos_sin = in.rope[r * (kF / 2) + 2 * cg + pair];
+    float& q0 = q[2 * pair];
+    float& q1 = q[2 * pair + 1];
+    float& k0 = k[2 * pair];
+    float& k1 = k[2 * pair + 1];
+    const float q0_in = q0, k0_in = k0;
+    q0 = q0_in * cos_sin.x - q1 * cos_sin.y;
+    q1 = q1 * cos_sin.x + q0_in * cos_sin.y;
+    k0 = k0_in * cos_sin.x - k1 * cos_sin.y;
+    k1 = k1 * cos_sin.x + k0_in * cos_sin.y;
   }
-  if (c == 0) {
-    lrs[r] = lr_t;
-    plr[r] = lr_t;
+  const float4 q4 = make_float4(q[0], q[1], q[2], q[3]);
+  const float4 k4 = make_float4(k[0], k[1], k[2], k[3]);
+  const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
+  const float lr_t =
+      in.base_lr / (1.0f + expf(-(projected[in.columns.lr + head] + in.lr_bias[head]))) / kF;
+  __syncwarp();  // Every lane has read the history before row group 0 shifts it.
+  if (in.share_qk && ro == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
   }
-  __syncthreads();
+  if (ro == 0) {
+    shared_q[cg] = q4;
+    shared_k[cg] = k4;
+  }
 
-  // q·k_j for the window's tokens, a warp per token.
-  for (int j = warp; j <= r; j += blockDim.x / kWarp) {
-    float dot = 0;
-    for (int d = lane; d < f; d += kWarp) dot += sq[d] * keys[j * f + d];
-    dot = WarpSum(dot);
-    if (lane == 0) dots[j] = dot;
+  // coef_j = τ_r·lr_j·(q·k_j + 1) for the window's earlier tokens (zero past them).
+  const float tau_r = p.tau[r];
+  float coef[Tile::kWindowRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    coef[m] = tau_r * lrs[m] * (ColumnSum<kF>(Dot4(q4, keys[m])) + 1.0f);
   }
-  __syncthreads();
+
+  const float4 bias = b1[cg];
+  const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
+  const float4 beta = reinterpret_cast<const float4*>(p.ln_bias + head * kF)[cg];
+  __pipeline_wait_prior(0);
+  __syncwarp();  // W1, q and k are in shared memory.
+
+  // z1 = k·W1 + b1 and zq = q·W1 + b1 (this lane: its rows' share of its columns).
+  const float* sq = reinterpret_cast<const float*>(shared_q);
+  const float* sk = reinterpret_cast<const float*>(shared_k);
+  float4 z1 = Broadcast4(0.0f), zq = Broadcast4(0.0f);
+#pragma unroll
+  for (int m = 0; m < Tile::kRowsPerLane; ++m) {
+    const int d = ro + R * m;
+    const float4 w = w1[d * L + cg];
+    z1 = z1 + sk[d] * w;
+    zq = zq + sq[d] * w;
+  }
+  z1 = make_float4(RowGroupSum<kF>(z1.x), RowGroupSum<kF>(z1.y), RowGroupSum<kF>(z1.z),
+                   RowGroupSum<kF>(z1.w)) +
+       bias;
+  zq = make_float4(RowGroupSum<kF>(zq.x), RowGroupSum<kF>(zq.y), RowGroupSum<kF>(zq.z),
+                   RowGroupSum<kF>(zq.w)) +
+       bias;
+
+  // The gradient of this token's loss at θ0 (spec §3.5): ∂/∂z1 of ½‖LN(z1) − (v − k)‖².
+  float inv_std;
+  const float4 z1_centred = CentreColumns<kF>(z1, p.ln_eps, &inv_std);
+  const float4 xhat = inv_std * z1_centred;
+  const float4 e = gamma * (gamma * xhat + beta - (v4 - k4));
+  const float sum_e = ColumnSum<kF>(Sum4(e)), sum_e_xhat = ColumnSum<kF>(Dot4(e, xhat));
+  const float4 g = (inv_std / kF) * (static_cast<float>(kF) * e - Broadcast4(sum_e) -
+                                     sum_e_xhat * xhat);
+  if (ro == 0) {
+    pk[r * L + cg] = k4;
+    pg[r * L + cg] = g;
+  }
+  if (lane == 0) plr[r] = lr_t;
 
   // The dual-form row: z̄ = zq − Σ_{j≤r} τ_r·lr_j·(q·k_j + 1)·g_j, out = q + LN(z̄).
-  float zbar = zq;
-  if (active) {
-    for (int j = 0; j <= r; ++j) zbar -= tau_r * lrs[j] * (dots[j] + 1.0f) * grads[j * f + c];
+  float4 dual = Broadcast4(0.0f);
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) dual = dual + coef[m] * grads[m];
+  dual = make_float4(RowGroupSum<kF>(dual.x), RowGroupSum<kF>(dual.y), RowGroupSum<kF>(dual.z),
+                     RowGroupSum<kF>(dual.w));
+  const float coef_r = tau_r * lr_t * (ColumnSum<kF>(Dot4(q4, k4)) + 1.0f);
+  const float4 zbar = zq - dual - coef_r * g;
+  float out_inv_std;
+  const float4 out_centred = CentreColumns<kF>(zbar, p.ln_eps, &out_inv_std);
+  if (ro == 0) {
+    reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
+        q4 + gamma * (out_inv_std * out_centred) + beta;
   }
-  const float out_mean = BlockSum2({active ? zbar : 0.0f, 0.0f}, scratch).x / f;
-  const float out_centered = active ? zbar - out_mean : 0.0f;
-  const float out_inv_std =
-      rsqrtf(BlockSum2({out_centered * out_centered, 0.0f}, scratch).x / f + p.ln_eps);
-  if (active) out_all[at + c] = sq[c] + (gamma * out_centered * out_inv_std + beta);
 
   // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
-  // b1 −= Σ_j τ·lr_j·g_j.
-  // This thread's τ·lr_j·g_j stay in registers for a pass over W1 (one pass per 16 tokens).
-  if (r == K - 1 && active) {
-    constexpr int kChunk = 16;
-    float update_b = 0;
-    for (int j0 = 0; j0 < K; j0 += kChunk) {
-      float scaled[kChunk];
+  // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory. Each lane updates its rows for
+  // every token of the window, so it reloads their gradients (L1 hits, once per window).
+  if (r == K - 1) {
+    __syncwarp();  // This token's row of keys and gradients, stored above, is visible.
+    const float tau_last = p.tau[K - 1];
+    float4 scaled[kDecodeMaxWindow];
+    float4 bias_update = Broadcast4(0.0f);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        scaled[i] = j0 + i < K ? tau_last * lrs[j0 + i] * grads[(j0 + i) * f + c] : 0.0f;
-        update_b += scaled[i];
-      }
-      for (int d = 0; d < f; ++d) {
-        float update = 0;
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) {
-          if (j0 + i < K) update += keys[(j0 + i) * f + d] * scaled[i];
-        }
-        w1[d * f + c] -= update;
-      }
+    for (int j = 0; j < kDecodeMaxWindow; ++j) {
+      scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
+      bias_update = bias_update + scaled[j];
     }
-    for (int d = 0; d < f; ++d) W1[d * f + c] = w1[d * f + c];
-    b1[c] = bias - update_b;
+    const float* key_rows = reinterpret_cast<const float*>(pk);
+#pragma unroll 4
+    for (int m = 0; m < Tile::kRowsPerLane; ++m) {
+      const int d = ro + R * m;
+      float4 w = w1[d * L + cg];
+#pragma unroll
+      for (int j = 0; j < kDecodeMaxWindow; ++j) {
+        if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
+      }
+      W1[d * L + cg] = w;
+    }
+    if (ro == 0) b1[cg] = bias - bias_update;
   }
 }
 
@@ -648,46 +732,74 @@ size_t PrefillSharedBytes(const TttScanParams& params) {
   return sizeof(float) * row * (params.f + 5 * kPrefillWindow);
 }
 
-size_t DecodeSharedBytes(const TttScanParams& params) {
-  return sizeof(float) * (2 * params.f + 2 * params.K * params.f + params.f * params.f);
-}
+size_t DecodeSharedBytes(int f) { return sizeof(float) * (f * f + 2 * f); }
 
 // Without opting in, a block gets at most this much dynamic shared memory.
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
-template <int kThreads>
-cudaError_t LaunchDecodeLinear(const TttScanParams& params, const Segment* segments,
-                               int num_segments, const float* q, const float* k, const float* v,
-                               const float* lr, StateAddress state, TttStateOffsets offsets,
-                               float* out, cudaStream_t stream) {
-  const size_t shared_bytes = DecodeSharedBytes(params);
-  TttDecodeLinearKernel<kThreads><<<num_segments * params.nh, kThreads, shared_bytes, stream>>>(
-      params, segments, q, k, v, lr, state, offsets, out);
+// Whether the state parts that the window kernels copy in 16-byte pieces start on 16-byte
+// boundaries (rows of f floats, f % 4 == 0).
+bool SixteenByteAligned(const TttScanParams& params, StateAddress state,
+                        TttStateOffsets offsets) {
+  return params.f % 4 == 0 && state.slot_floats % 4 == 0 && state.layer_offset % 4 == 0 &&
+         offsets.W1 % 4 == 0 && offsets.b1 % 4 == 0 && offsets.k % 4 == 0 &&
+         offsets.g1 % 4 == 0;
+}
+
+template <int kF, int kTaps>
+cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
+                               const Segment* segments, int num_segments, StateAddress state,
+                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
+  TttDecodeLinearKernel<kF, kTaps><<<num_segments * params.nh, kWarp, DecodeSharedBytes(kF), stream>>>(
+      params, inputs, segments, state, offsets, out);
   return cudaGetLastError();
+}
+
+template <int kF>
+cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
+                               const Segment* segments, int num_segments, StateAddress state,
+                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
+  return !inputs.share_qk || inputs.conv.ck <= kCommonTaps
+             ? LaunchDecodeLinear<kF, kCommonTaps>(params, inputs, segments, num_segments, state,
+                                                   offsets, out, stream)
+             : LaunchDecodeLinear<kF, kMaxTaps>(params, inputs, segments, num_segments, state,
+                                                offsets, out, stream);
 }
 
 }  // namespace
 
-cudaError_t TttScan(const TttScanParams& params, bool one_token_each, const Segment* segments,
-                    int num_segments, const float* q, const float* k, const float* v,
-                    const float* lr, StateAddress state, TttStateOffsets offsets, float* out,
-                    cudaStream_t stream) {
+bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   StateAddress state, TttStateOffsets offsets) {
+  return !params.mlp && (params.f == 16 || params.f == 32 || params.f == 64) &&
+         params.K <= kDecodeMaxWindow && SixteenByteAligned(params, state, offsets) &&
+         (!inputs.share_qk || inputs.conv.ck - 1 <= kMaxHistory);
+}
+
+cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
+                      const Segment* segments, int num_segments, StateAddress state,
+                      TttStateOffsets offsets, float* out, cudaStream_t stream) {
+  if (!TttDecodeFits(params, inputs, state, offsets)) return cudaErrorNotSupported;
+  if (num_segments == 0) return cudaSuccess;
+  switch (params.f) {
+    case 16:
+      return LaunchDecodeLinear<16>(params, inputs, segments, num_segments, state, offsets, out,
+                                    stream);
+    case 32:
+      return LaunchDecodeLinear<32>(params, inputs, segments, num_segments, state, offsets, out,
+                                    stream);
+    default:
+      return LaunchDecodeLinear<64>(params, inputs, segments, num_segments, state, offsets, out,
+                                    stream);
+  }
+}
+
+cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,
+                    const float* q, const float* k, const float* v, const float* lr,
+                    StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream) {
   if (num_segments == 0) return cudaSuccess;
   if (params.K > kMaxK || params.f1 > 1024) return cudaErrorInvalidValue;
-  if (one_token_each && !params.mlp && params.f <= kDecodeMaxF &&
-      DecodeSharedBytes(params) <= kDefaultSharedBytes) {
-    if (params.f <= 32) {
-      return LaunchDecodeLinear<32>(params, segments, num_segments, q, k, v, lr, state, offsets,
-                                    out, stream);
-    }
-    return LaunchDecodeLinear<64>(params, segments, num_segments, q, k, v, lr, state, offsets, out,
-                                  stream);
-  }
-  // The prefill kernel's 16-byte copies need rows and state parts on 16-byte boundaries.
-  const bool aligned = params.f % 4 == 0 && state.slot_floats % 4 == 0 &&
-                       state.layer_offset % 4 == 0 && offsets.W1 % 4 == 0 && offsets.k % 4 == 0 &&
-                       offsets.g1 % 4 == 0;
-  if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF && aligned &&
+  if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF &&
+      SixteenByteAligned(params, state, offsets) &&
       PrefillSharedBytes(params) <= kDefaultSharedBytes) {
     TttPrefillLinearKernel<<<num_segments * params.nh, kPrefillThreads,
                              PrefillSharedBytes(params), stream>>>(params, segments, q, k, v, lr,

@@ -1,6 +1,5 @@
 #include "server/engine/cuda_engine.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cuda_ops.h"
+#include "server/engine/cuda_gemm.h"
+#include "server/engine/cuda_support.h"
 #include "server/engine/state_codec.h"
 #include "server/engine/state_layout.h"
 #include "server/util/absl_string_view.h"
@@ -27,97 +28,6 @@ namespace {
 namespace cu = kernels::cuda;
 
 constexpr float kLayerNormEps = 1e-6f;  // Inner LayerNorm and PostLN (spec §3.5, §3.8).
-
-absl::Status CudaStatus(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const auto code = error == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
-                                                       : absl::StatusCode::kInternal;
-  return absl::Status(
-      code, absl::StrCat("CUDA error in ", AbslView(what), ": ", cudaGetErrorString(error)));
-}
-
-absl::Status CublasStatus(cublasStatus_t status, std::string_view what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("cuBLAS error in ", AbslView(what), ": ", cublasGetStatusString(status)));
-}
-
-#define TTT_CUDA(expr) TTT_RETURN_IF_ERROR(CudaStatus((expr), #expr))
-#define TTT_CUBLAS(expr) TTT_RETURN_IF_ERROR(CublasStatus((expr), #expr))
-
-enum class Memory { kDevice, kPinnedHost };
-
-// Owns one allocation of device memory, or of page-locked host memory (copies from that are truly
-// asynchronous and can sit in CUDA graphs).
-template <Memory kMemory>
-class CudaBuffer {
- public:
-  CudaBuffer() = default;
-  CudaBuffer(const CudaBuffer&) = delete;
-  CudaBuffer& operator=(const CudaBuffer&) = delete;
-  CudaBuffer(CudaBuffer&& other) noexcept { *this = std::move(other); }
-  CudaBuffer& operator=(CudaBuffer&& other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(bytes_, other.bytes_);
-    return *this;
-  }
-  ~CudaBuffer() { Free(); }
-
-  // Grows (never shrinks) to at least `bytes`; contents are not kept.
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    Free();
-    if constexpr (kMemory == Memory::kDevice) {
-      TTT_CUDA(cudaMalloc(&data_, bytes));
-    } else {
-      TTT_CUDA(cudaMallocHost(&data_, bytes));
-    }
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-
-  // Grows to at least `bytes` keeping the contents: device memory is copied on `stream`, which
-  // must have nothing else in flight.
-  absl::Status GrowKeeping(size_t bytes, cudaStream_t stream) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    CudaBuffer bigger;
-    TTT_RETURN_IF_ERROR(bigger.Reserve(bytes));
-    if (bytes_ > 0) {
-      if constexpr (kMemory == Memory::kDevice) {
-        TTT_CUDA(cudaMemcpyAsync(bigger.data_, data_, bytes_, cudaMemcpyDeviceToDevice, stream));
-        TTT_CUDA(cudaStreamSynchronize(stream));
-      } else {
-        std::memcpy(bigger.data_, data_, bytes_);
-      }
-    }
-    std::swap(*this, bigger);
-    return absl::OkStatus();
-  }
-
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(data_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void Free() {
-    if (data_ == nullptr) return;
-    if constexpr (kMemory == Memory::kDevice) {
-      cudaFree(data_);
-    } else {
-      cudaFreeHost(data_);
-    }
-    data_ = nullptr;
-    bytes_ = 0;
-  }
-
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-using DeviceBuffer = CudaBuffer<Memory::kDevice>;
-using PinnedBuffer = CudaBuffer<Memory::kPinnedHost>;
 
 // A captured decode step for a fixed number of rows, replayed with new inputs in place.
 class DecodeGraph {
@@ -164,7 +74,6 @@ class CudaEngine : public Engine {
       }
     }
     if (inputs_uploaded_ != nullptr) cudaEventDestroy(inputs_uploaded_);
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -248,8 +157,9 @@ class CudaEngine : public Engine {
   // sequences' lengths; Complete waits for it and hands over its results.
   absl::Status Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
                        std::span<const SamplingParams> sampling, bool sample);
-  // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, tries every
-  // GEMM shape such steps use, and captures the decode graph of every bucket up to decode_rows.
+  // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, chooses the
+  // kernel of every GEMM shape such steps use, and captures the decode graph of every bucket up
+  // to decode_rows.
   absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
   // The decode graph of a batch-size bucket, captured on first use.
   absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
@@ -268,13 +178,16 @@ class CudaEngine : public Engine {
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
+  // Chooses the kernels of a step's GEMMs for `rows` (and of the LM head's for as many rows), on
+  // the scratch buffers, which must have room for them. Waits for the stream.
+  absl::Status TuneGemms(int64_t rows, bool lm_head);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
 
   std::shared_ptr<const Model> model_;
   CudaEngineOptions options_;
   StateLayout layout_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<CudaGemm> gemm_;
 
   std::vector<DeviceBuffer> weight_buffers_;
   std::vector<LayerWeights> layers_;
@@ -305,7 +218,6 @@ class CudaEngine : public Engine {
   // Signalled when the newest step's inputs have left the host staging buffers, which the next
   // step may then overwrite.
   cudaEvent_t inputs_uploaded_ = nullptr;
-  DeviceBuffer cublas_workspace_;
   // Captured decode steps by (batch-size bucket, whether they sample).
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
 
@@ -346,16 +258,9 @@ absl::Status CudaEngine::Initialize() {
   }
   TTT_CUDA(cudaSetDevice(options_.device));
   TTT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TTT_CUBLAS(cublasCreate(&cublas_));
-  TTT_CUBLAS(cublasSetStream(cublas_, stream_));
-  // A fixed workspace, so that cuBLAS allocates nothing while a decode step is being captured.
-  constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-  TTT_RETURN_IF_ERROR(cublas_workspace_.Reserve(kCublasWorkspaceBytes));
-  TTT_CUBLAS(cublasSetWorkspace(cublas_, cublas_workspace_.get(), kCublasWorkspaceBytes));
-  if (options_.precision == WeightPrecision::kFloat32) {
-    // True float32 products (no TF32), so this mode can be held to the reference's tolerance.
-    TTT_CUBLAS(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
-  }
+  TTT_ASSIGN_OR_RETURN(
+      gemm_, CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16,
+                              options_.tune_gemms, stream_));
   TTT_RETURN_IF_ERROR(UploadWeights());
 
   const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
@@ -711,9 +616,9 @@ void CudaEngine::CollectOutputs(int64_t rows, int set, std::vector<float>* logit
 }
 
 int64_t CudaEngine::GemmRows(int64_t rows) {
-  // Each new shape costs cuBLAS a heuristic query and perhaps loading a kernel, milliseconds in
-  // all, and prefill steps come in every size: rows are rounded up to a few shapes. The buffers
-  // have room (EnsureScratch sizes them to powers of two); the extra rows are scratch.
+  // Each new shape costs timing cuBLASLt's candidates, milliseconds in all, and prefill steps
+  // come in every size: rows are rounded up to a few shapes. The buffers have room
+  // (EnsureScratch sizes them to powers of two); the extra rows are scratch.
   constexpr int64_t kRowMultiple = 256;
   return rows < kRowMultiple ? std::bit_ceil(static_cast<uint64_t>(rows))
                              : (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
@@ -722,15 +627,23 @@ int64_t CudaEngine::GemmRows(int64_t rows) {
 absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out,
                               float* y, bool accumulate) {
   if (rows == 0) return absl::OkStatus();
+  return gemm_->Run({.rows = GemmRows(rows), .in = in, .out = out, .accumulate = accumulate}, x, w,
+                    y);
+}
+
+absl::Status CudaEngine::TuneGemms(int64_t rows, bool lm_head) {
+  const ModelConfig& c = model_->config;
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const LayerWeights& w = layers_.front();  // Every layer's GEMMs have the first one's shapes.
+  const Scratch& s = scratch_;
   rows = GemmRows(rows);
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  const cudaDataType_t type =
-      options_.precision == WeightPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
-  // Row-major y[rows, out] is column-major yᵀ [out, rows] = w · xᵀ, with w row-major [out, in]
-  // read as column-major [in, out] and transposed.
-  TTT_CUBLAS(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, type, in, x,
-                          type, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT));
+  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, columns_.ld, false}, s.x.get(), w.in_proj));
+  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, D, true}, s.y_gemm.get(), w.o_proj));
+  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, 2 * I, false}, s.x.get(), w.gate_up));
+  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, I, D, true}, s.ffn_act.get(), w.down_proj));
+  if (lm_head) {
+    TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, c.vocab_size, false}, s.final_in.get(), lm_head_));
+  }
   return absl::OkStatus();
 }
 
@@ -845,6 +758,7 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
   if (graph == nullptr) {
+    TTT_RETURN_IF_ERROR(TuneGemms(bucket, /*lm_head=*/true));
     auto captured = std::make_unique<DecodeGraph>();
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample,
@@ -859,21 +773,9 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
 }
 
 absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {
-  const ModelConfig& c = model_->config;
-  const int64_t D = c.hidden_size, I = c.intermediate_size;
   TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, decode_rows, decode_rows));
-  // Every GEMM shape of such steps, once, on whatever the buffers hold.
-  const LayerWeights& w = layers_.front();
-  Scratch& s = scratch_;
   for (int64_t rows = 1; rows <= max_rows; rows = GemmRows(rows) + 1) {
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, s.proj.get<float>(), false));
-    TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, s.h.get<float>(), true));
-    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get<float>(), false));
-    TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
-    if (rows <= decode_rows) {
-      TTT_RETURN_IF_ERROR(
-          Gemm(s.final_in.get(), rows, D, lm_head_, c.vocab_size, s.logits.get<float>(), false));
-    }
+    TTT_RETURN_IF_ERROR(TuneGemms(rows, /*lm_head=*/rows <= decode_rows));
   }
   for (int64_t bucket = 1; bucket <= decode_rows; bucket *= 2) {
     TTT_RETURN_IF_ERROR(DecodeGraphFor(bucket, /*sample=*/true).status());
@@ -956,41 +858,39 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                layout_.layer_offset(layer)};
   float* h = s.h.get<float>();
 
+  // The TTT layer's inputs (spec §3.2–3.4): one GEMM for every projection of x (normed), then
+  // the convs, RoPE and the step sizes.
   if (c.pre_conv && one_token_each) {
     TTT_CUDA(cu::PreConvDecode(h, rows, D, w.conv_norm, rms_eps, w.conv_w, w.conv_b, ck, segments,
-                               state, layout_.conv_pre, stream_));
-  } else if (c.pre_conv) {
-    float* normed = s.conv_in.get<float>();
-    TTT_CUDA(
-        cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
-    TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
-                            layout_.conv_pre, h, /*accumulate=*/true, stream_));
-    TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
-                                    layout_.conv_pre, stream_));
+                               state, layout_.conv_pre, w.seq_norm, s.x.get(), gemm_type(),
+                               stream_));
+  } else {
+    if (c.pre_conv) {
+      float* normed = s.conv_in.get<float>();
+      TTT_CUDA(cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32,
+                           stream_));
+      TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment,
+                              state, layout_.conv_pre, h, /*accumulate=*/true, stream_));
+      TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
+                                      layout_.conv_pre, stream_));
+    }
+    TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
-
-  // The TTT layer's inputs (spec §3.2–3.4): one GEMM for every projection of x, then one kernel
-  // for the convs, RoPE and the step sizes.
-  TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   float* proj = s.proj.get<float>();
   TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
-  float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
-  float* lr = s.lr.get<float>();
-  const cu::QkConv qk_conv{.q_weight = w.conv_q_w,
-                           .q_bias = w.conv_q_b,
-                           .k_weight = w.conv_k_w,
-                           .k_bias = w.conv_k_b,
-                           .ck = ck,
-                           .history_offset = layout_.conv_qk};
-  TTT_CUDA(cu::PrepareTttInputs(proj, columns_, rows, nh, f, c.mini_batch_size, rope_,
-                                c.share_qk ? &qk_conv : nullptr, w.lr_b,
-                                static_cast<float>(c.ttt_base_lr), segments, row_segment, state,
-                                /*rewrite_history=*/one_token_each, q, k, v, lr, stream_));
-  if (c.share_qk && !one_token_each) {
-    TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck, segments,
-                                    state, layout_.conv_qk, stream_));
-  }
-
+  const cu::TttProjectionInputs inputs{
+      .proj = proj,
+      .columns = columns_,
+      .rope = rope_,
+      .share_qk = c.share_qk,
+      .conv = {.q_weight = w.conv_q_w,
+               .q_bias = w.conv_q_b,
+               .k_weight = w.conv_k_w,
+               .k_bias = w.conv_k_b,
+               .ck = ck,
+               .history_offset = layout_.conv_qk},
+      .lr_bias = w.lr_b,
+      .base_lr = static_cast<float>(c.ttt_base_lr)};
   const cu::TttScanParams params{.nh = nh,
                                  .f = f,
                                  .f1 = static_cast<int>(c.inner_width()),
@@ -1004,8 +904,22 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                     layout_.b2,         layout_.pending_k,  layout_.pending_g1,
                                     layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
   float* ttt_out = s.ttt_out.get<float>();
-  TTT_CUDA(cu::TttScan(params, one_token_each, segments, num_segments, q, k, v, lr, state, offsets,
-                       ttt_out, stream_));
+  if (one_token_each && cu::TttDecodeFits(params, inputs, state, offsets)) {
+    TTT_CUDA(cu::TttDecode(params, inputs, segments, num_segments, state, offsets, ttt_out,
+                           stream_));
+  } else {
+    float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
+    float* lr = s.lr.get<float>();
+    TTT_CUDA(cu::PrepareTttInputs(inputs, rows, nh, f, c.mini_batch_size, segments, row_segment,
+                                  state, /*rewrite_history=*/one_token_each, q, k, v, lr,
+                                  stream_));
+    if (c.share_qk && !one_token_each) {
+      TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck,
+                                      segments, state, layout_.conv_qk, stream_));
+    }
+    TTT_CUDA(cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out,
+                         stream_));
+  }
 
   // Layer output (spec §3.8), added into h by the o_proj GEMM.
   TTT_CUDA(cu::PostNormGate(ttt_out, rows, D, w.post_norm_w, w.post_norm_b, kLayerNormEps,

@@ -18,7 +18,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                             {.precision = options.precision,
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
-                             .prefill_tokens_per_step = options.prefill_tokens_per_step});
+                             .prefill_tokens_per_step = options.prefill_tokens_per_step,
+                             .tune_gemms = options.tune_gemms});
   }
 #else
   if (options.backend == "cuda") {

@@ -414,7 +414,7 @@ TEST_F(CudaEngineStateTest, TakingATokenWithNothingInFlightIsRefused) {
   auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
   ASSERT_NE(gpu, nullptr);
   const SequenceSlot slot = *gpu->CreateSequence();
-  const SequenceChunk takes{.slot = slot, .takes_token_in_flight = true};
+  const SequenceChunk takes{.slot = slot, .tokens = {}, .takes_token_in_flight = true};
   const SamplingParams greedy;
   const absl::Status status = gpu->StartForwardAndSample({&takes, 1}, {&greedy, 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
