@@ -165,7 +165,7 @@ std::vector<std::vector<SampledToken>> GenerateScripted(Engine& engine, bool pip
       if (step == starts) {
         batch.push_back({slots[i], prompts[i]});
       } else if (pipelined) {
-        batch.push_back({.slot = slots[i], .takes_token_in_flight = true});
+        batch.push_back({.slot = slots[i], .tokens = {}, .takes_token_in_flight = true});
       } else {
         batch.push_back({slots[i], std::span(&last[i], 1)});
       }

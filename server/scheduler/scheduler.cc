@@ -496,7 +496,7 @@ bool Scheduler::LaunchStep() {
       const bool last = static_cast<int32_t>(active.output.size()) + 1 >=
                         active.spec.stop.max_new_tokens;
       if (last && active.session == nullptr) continue;
-      step.batch.push_back({.slot = active.slot, .takes_token_in_flight = true});
+      step.batch.push_back({.slot = active.slot, .tokens = {}, .takes_token_in_flight = true});
       step.rows.push_back({&active, last ? RowKind::kFinalToken : RowKind::kDecode, !last});
       active.chosen_taken_ahead = true;
     } else {
