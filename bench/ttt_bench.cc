@@ -11,11 +11,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -42,7 +41,6 @@ ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine 
 ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
-ABSL_FLAG(bool, tune_gemms, true, "CUDA: time cuBLASLt's candidates for each GEMM shape.");
 
 namespace ttt {
 namespace {
@@ -91,8 +89,7 @@ absl::Status Run() {
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
   const EngineOptions engine_options{.backend = absl::GetFlag(FLAGS_backend),
-                                     .precision = precision,
-                                     .tune_gemms = absl::GetFlag(FLAGS_tune_gemms)};
+                                     .precision = precision};
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
@@ -163,7 +160,6 @@ absl::Status Run() {
         {"offset", absl::GetFlag(FLAGS_offset)},
         {"steps", steps},
         {"temperature", absl::GetFlag(FLAGS_temperature)},
-        {"tune_gemms", absl::GetFlag(FLAGS_tune_gemms)},
         {"tokens_per_s", batch / p50},
         {"tokens_per_s_mean", batch * steps / total},
         {"step_ms_p50", 1e3 * p50},

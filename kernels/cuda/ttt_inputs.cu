@@ -96,9 +96,9 @@ __device__ __forceinline__ void RotatePair(float& a, float& b, float2 cos_sin) {
 template <int kTaps>
 __global__ void __launch_bounds__(kPrepareThreads)
     PrepareTttInputsKernel(TttProjectionInputs inputs, int nh, int f, int K,
-                           const Segment* segments, const int32_t* row_segment,
-                           StateAddress state, bool rewrite_history, float* q_out, float* k_out,
-                           float* v_out, float* lr_out) {
+                           const Segment* segments, const int32_t* row_segment, StateAddress state,
+                           bool rewrite_history, float* q_out, float* k_out, float* v_out,
+                           float* lr_out) {
   const ProjectionColumns& cols = inputs.columns;
   const QkConv& conv = inputs.conv;
   const int row = blockIdx.x;
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kPrepareThreads)
       Taps<kTaps> taps[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        taps[e] = LoadTaps<kTaps>(inputs.proj + cols.q, cols.ld, seg.row, i, 2 * pair + e,
-                                  history, D, conv.ck);
+        taps[e] = LoadTaps<kTaps>(inputs.proj + cols.q, cols.ld, seg.row, i, 2 * pair + e, history,
+                                  D, conv.ck);
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {

@@ -228,7 +228,8 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
 // memory with cp.async (all of it in flight at once, no registers held); the window's pending
 // keys and gradients are loaded into registers meanwhile, and their q·k_j products are taken
 // before θ0 arrives. At a window's last token θ0 is committed from shared memory.
-constexpr int kDecodeMaxWindow = 16;  // K ≤ this (16 in every known model; others: the general kernel).
+// Windows of up to this many tokens (16 in every known model; others: the general kernel).
+constexpr int kDecodeMaxWindow = 16;
 
 template <int kF>
 struct DecodeTile {
@@ -402,8 +403,8 @@ __global__ void __launch_bounds__(kWarp)
   const float4 xhat = inv_std * z1_centred;
   const float4 e = gamma * (gamma * xhat + beta - (v4 - k4));
   const float sum_e = ColumnSum<kF>(Sum4(e)), sum_e_xhat = ColumnSum<kF>(Dot4(e, xhat));
-  const float4 g = (inv_std / kF) * (static_cast<float>(kF) * e - Broadcast4(sum_e) -
-                                     sum_e_xhat * xhat);
+  const float4 g =
+      (inv_std / kF) * (static_cast<float>(kF) * e - Broadcast4(sum_e) - sum_e_xhat * xhat);
   if (ro == 0) {
     pk[r * L + cg] = k4;
     pg[r * L + cg] = g;
@@ -739,19 +740,18 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 // Whether the state parts that the window kernels copy in 16-byte pieces start on 16-byte
 // boundaries (rows of f floats, f % 4 == 0).
-bool SixteenByteAligned(const TttScanParams& params, StateAddress state,
-                        TttStateOffsets offsets) {
+bool SixteenByteAligned(const TttScanParams& params, StateAddress state, TttStateOffsets offsets) {
   return params.f % 4 == 0 && state.slot_floats % 4 == 0 && state.layer_offset % 4 == 0 &&
-         offsets.W1 % 4 == 0 && offsets.b1 % 4 == 0 && offsets.k % 4 == 0 &&
-         offsets.g1 % 4 == 0;
+         offsets.W1 % 4 == 0 && offsets.b1 % 4 == 0 && offsets.k % 4 == 0 && offsets.g1 % 4 == 0;
 }
 
 template <int kF, int kTaps>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
                                const Segment* segments, int num_segments, StateAddress state,
                                TttStateOffsets offsets, float* out, cudaStream_t stream) {
-  TttDecodeLinearKernel<kF, kTaps><<<num_segments * params.nh, kWarp, DecodeSharedBytes(kF), stream>>>(
-      params, inputs, segments, state, offsets, out);
+  TttDecodeLinearKernel<kF, kTaps>
+      <<<num_segments * params.nh, kWarp, DecodeSharedBytes(kF), stream>>>(params, inputs, segments,
+                                                                           state, offsets, out);
   return cudaGetLastError();
 }
 

@@ -7,8 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <deque>
+#include <map>
 #include <optional>
 #include <type_traits>
 
@@ -157,9 +157,9 @@ class CudaEngine : public Engine {
   // sequences' lengths; Complete waits for it and hands over its results.
   absl::Status Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
                        std::span<const SamplingParams> sampling, bool sample);
-  // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, chooses the
-  // kernel of every GEMM shape such steps use, and captures the decode graph of every bucket up
-  // to decode_rows.
+  // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, runs every
+  // GEMM shape such steps use once, and captures the decode graph of every bucket up to
+  // decode_rows.
   absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
   // The decode graph of a batch-size bucket, captured on first use.
   absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
@@ -178,9 +178,6 @@ class CudaEngine : public Engine {
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
-  // Chooses the kernels of a step's GEMMs for `rows` (and of the LM head's for as many rows), on
-  // the scratch buffers, which must have room for them. Waits for the stream.
-  absl::Status TuneGemms(int64_t rows, bool lm_head);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
 
   std::shared_ptr<const Model> model_;
@@ -258,9 +255,8 @@ absl::Status CudaEngine::Initialize() {
   }
   TTT_CUDA(cudaSetDevice(options_.device));
   TTT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TTT_ASSIGN_OR_RETURN(
-      gemm_, CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16,
-                              options_.tune_gemms, stream_));
+  TTT_ASSIGN_OR_RETURN(gemm_,
+                       CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16, stream_));
   TTT_RETURN_IF_ERROR(UploadWeights());
 
   const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
@@ -616,9 +612,9 @@ void CudaEngine::CollectOutputs(int64_t rows, int set, std::vector<float>* logit
 }
 
 int64_t CudaEngine::GemmRows(int64_t rows) {
-  // Each new shape costs timing cuBLASLt's candidates, milliseconds in all, and prefill steps
-  // come in every size: rows are rounded up to a few shapes. The buffers have room
-  // (EnsureScratch sizes them to powers of two); the extra rows are scratch.
+  // Each new shape costs a heuristic query and perhaps loading a kernel, milliseconds in all,
+  // and prefill steps come in every size: rows are rounded up to a few shapes. The buffers have
+  // room (EnsureScratch sizes them to powers of two); the extra rows are scratch.
   constexpr int64_t kRowMultiple = 256;
   return rows < kRowMultiple ? std::bit_ceil(static_cast<uint64_t>(rows))
                              : (rows + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
@@ -629,22 +625,6 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
   if (rows == 0) return absl::OkStatus();
   return gemm_->Run({.rows = GemmRows(rows), .in = in, .out = out, .accumulate = accumulate}, x, w,
                     y);
-}
-
-absl::Status CudaEngine::TuneGemms(int64_t rows, bool lm_head) {
-  const ModelConfig& c = model_->config;
-  const int64_t D = c.hidden_size, I = c.intermediate_size;
-  const LayerWeights& w = layers_.front();  // Every layer's GEMMs have the first one's shapes.
-  const Scratch& s = scratch_;
-  rows = GemmRows(rows);
-  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, columns_.ld, false}, s.x.get(), w.in_proj));
-  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, D, true}, s.y_gemm.get(), w.o_proj));
-  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, 2 * I, false}, s.x.get(), w.gate_up));
-  TTT_RETURN_IF_ERROR(gemm_->Tune({rows, I, D, true}, s.ffn_act.get(), w.down_proj));
-  if (lm_head) {
-    TTT_RETURN_IF_ERROR(gemm_->Tune({rows, D, c.vocab_size, false}, s.final_in.get(), lm_head_));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
@@ -683,9 +663,8 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   TTT_CUDA(cudaEventSynchronize(inputs_uploaded_));
   TTT_CUDA(cudaEventRecord(step_start_[next_output_set_], stream_));
   const bool one_token_each =
-      !batch.empty() && std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& chunk) {
-        return chunk.length() == 1;
-      });
+      !batch.empty() && std::all_of(batch.begin(), batch.end(),
+                                    [](const SequenceChunk& chunk) { return chunk.length() == 1; });
   if (one_token_each && which != LogitsFor::kNone) {
     return EnqueueDecodeStep(batch, sampling, sample);
   }
@@ -726,8 +705,7 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
 }
 
 absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
-                                           std::span<const SamplingParams> sampling,
-                                           bool sample) {
+                                           std::span<const SamplingParams> sampling, bool sample) {
   const int64_t n = batch.size();
   // Buckets are powers of two; the rows past the batch are idle segments (count 0): they name a
   // live slot but read none of its state and change none.
@@ -758,7 +736,6 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
   if (graph == nullptr) {
-    TTT_RETURN_IF_ERROR(TuneGemms(bucket, /*lm_head=*/true));
     auto captured = std::make_unique<DecodeGraph>();
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample,
@@ -773,9 +750,22 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
 }
 
 absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {
+  const ModelConfig& c = model_->config;
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
   TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, decode_rows, decode_rows));
+  // Every GEMM shape of such steps, once, on whatever the buffers hold.
+  const LayerWeights& w = layers_.front();
+  Scratch& s = scratch_;
   for (int64_t rows = 1; rows <= max_rows; rows = GemmRows(rows) + 1) {
-    TTT_RETURN_IF_ERROR(TuneGemms(rows, /*lm_head=*/rows <= decode_rows));
+    TTT_RETURN_IF_ERROR(
+        Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, s.proj.get<float>(), false));
+    TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, s.h.get<float>(), true));
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get<float>(), false));
+    TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
+    if (rows <= decode_rows) {
+      TTT_RETURN_IF_ERROR(
+          Gemm(s.final_in.get(), rows, D, lm_head_, c.vocab_size, s.logits.get<float>(), false));
+    }
   }
   for (int64_t bucket = 1; bucket <= decode_rows; bucket *= 2) {
     TTT_RETURN_IF_ERROR(DecodeGraphFor(bucket, /*sample=*/true).status());
@@ -869,8 +859,8 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
       float* normed = s.conv_in.get<float>();
       TTT_CUDA(cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32,
                            stream_));
-      TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment,
-                              state, layout_.conv_pre, h, /*accumulate=*/true, stream_));
+      TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
+                              layout_.conv_pre, h, /*accumulate=*/true, stream_));
       TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
                                       layout_.conv_pre, stream_));
     }
@@ -878,19 +868,18 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   }
   float* proj = s.proj.get<float>();
   TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
-  const cu::TttProjectionInputs inputs{
-      .proj = proj,
-      .columns = columns_,
-      .rope = rope_,
-      .share_qk = c.share_qk,
-      .conv = {.q_weight = w.conv_q_w,
-               .q_bias = w.conv_q_b,
-               .k_weight = w.conv_k_w,
-               .k_bias = w.conv_k_b,
-               .ck = ck,
-               .history_offset = layout_.conv_qk},
-      .lr_bias = w.lr_b,
-      .base_lr = static_cast<float>(c.ttt_base_lr)};
+  const cu::TttProjectionInputs inputs{.proj = proj,
+                                       .columns = columns_,
+                                       .rope = rope_,
+                                       .share_qk = c.share_qk,
+                                       .conv = {.q_weight = w.conv_q_w,
+                                                .q_bias = w.conv_q_b,
+                                                .k_weight = w.conv_k_w,
+                                                .k_bias = w.conv_k_b,
+                                                .ck = ck,
+                                                .history_offset = layout_.conv_qk},
+                                       .lr_bias = w.lr_b,
+                                       .base_lr = static_cast<float>(c.ttt_base_lr)};
   const cu::TttScanParams params{.nh = nh,
                                  .f = f,
                                  .f1 = static_cast<int>(c.inner_width()),
@@ -905,20 +894,19 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                     layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
   float* ttt_out = s.ttt_out.get<float>();
   if (one_token_each && cu::TttDecodeFits(params, inputs, state, offsets)) {
-    TTT_CUDA(cu::TttDecode(params, inputs, segments, num_segments, state, offsets, ttt_out,
-                           stream_));
+    TTT_CUDA(
+        cu::TttDecode(params, inputs, segments, num_segments, state, offsets, ttt_out, stream_));
   } else {
     float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
     float* lr = s.lr.get<float>();
     TTT_CUDA(cu::PrepareTttInputs(inputs, rows, nh, f, c.mini_batch_size, segments, row_segment,
-                                  state, /*rewrite_history=*/one_token_each, q, k, v, lr,
-                                  stream_));
+                                  state, /*rewrite_history=*/one_token_each, q, k, v, lr, stream_));
     if (c.share_qk && !one_token_each) {
-      TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck,
-                                      segments, state, layout_.conv_qk, stream_));
+      TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck, segments,
+                                      state, layout_.conv_qk, stream_));
     }
-    TTT_CUDA(cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out,
-                         stream_));
+    TTT_CUDA(
+        cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out, stream_));
   }
 
   // Layer output (spec §3.8), added into h by the o_proj GEMM.

@@ -22,14 +22,11 @@ struct CudaEngineOptions {
   int device = 0;
   // The scheduler's prefill budget (prompt tokens per step). When set, the engine prepares at
   // start for the steps it implies, with decode rows for up to kPreparedDecodeRows sequences:
-  // buffers sized, the kernel of every GEMM shape chosen (by timing, see cuda_gemm.h) and
-  // loaded, and a decode graph captured for every batch-size bucket, so that no request pays
-  // for those. Larger steps still run; they pay once.
+  // buffers sized, every GEMM shape planned and run once (its kernel loaded), and a decode
+  // graph captured for every batch-size bucket, so that no request pays for those. Larger steps
+  // still run; they pay once.
   int64_t prefill_tokens_per_step = 0;
   static constexpr int64_t kPreparedDecodeRows = 1024;
-  // Each GEMM shape's kernel: the fastest of cuBLASLt's candidates, timed once on the device;
-  // or, when false, the heuristic's first choice (faster to start, for comparisons).
-  bool tune_gemms = true;
 };
 
 // Number of CUDA devices usable by this process (0 without a driver or GPU).

@@ -18,8 +18,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                             {.precision = options.precision,
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
-                             .prefill_tokens_per_step = options.prefill_tokens_per_step,
-                             .tune_gemms = options.tune_gemms});
+                             .prefill_tokens_per_step = options.prefill_tokens_per_step});
   }
 #else
   if (options.backend == "cuda") {

@@ -16,7 +16,6 @@ struct EngineOptions {
   int64_t max_sequences = 0;          // 0: as many as the state pool holds (CPU: no limit).
   double state_pool_fraction = 0.5;   // CUDA: share of free GPU memory for states.
   int64_t prefill_tokens_per_step = 0;  // CUDA: prepare at start for steps of this budget.
-  bool tune_gemms = true;               // CUDA: see CudaEngineOptions.
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this
