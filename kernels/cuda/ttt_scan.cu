@@ -7,10 +7,10 @@
 // Three kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP): thread c owns
 // column c of W1 (and row c of W2), so the pass over θ0 for a token reads every weight once,
 // coalesced; θ0 stays in device memory (L1/L2-cached) across tokens. The decode one (TTT-Linear,
-// one token per sequence, the hot path of serving) reads its inputs from the projection itself,
-// copies θ0 to shared memory asynchronously, so that all of it is in flight at once, and pairs
-// independent reductions on one barrier. The
-// prefill one (TTT-Linear, K = 16) takes a window's tokens at once in the dual form.
+// one token per sequence, the hot path of serving) is a warp per (sequence, head) that reads its
+// inputs from the projection itself and copies θ0 to shared memory asynchronously, so that all of
+// it is in flight at once. The prefill one (TTT-Linear, K = 16) takes a window's tokens at once in
+// the dual form.
 #include <cuda_pipeline.h>
 
 #include "kernels/cuda/causal_conv.cuh"
@@ -228,6 +228,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
 // memory with cp.async (all of it in flight at once, no registers held); the window's pending
 // keys and gradients are loaded into registers meanwhile, and their q·k_j products are taken
 // before θ0 arrives. At a window's last token θ0 is committed from shared memory.
+
 // Windows of up to this many tokens (16 in every known model; others: the general kernel).
 constexpr int kDecodeMaxWindow = 16;
 
