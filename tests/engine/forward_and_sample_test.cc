@@ -92,7 +92,7 @@ TEST_F(ForwardAndSampleTest, StartAndFinishAreForwardAndSampleInTwoHalves) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(engine.ForwardAndSample({&chunk, 1}, {&params, 1}, &sampled).code(),
             absl::StatusCode::kFailedPrecondition);
-  const SequenceChunk next{.slot = chunk.slot, .takes_token_in_flight = true};
+  const SequenceChunk next{.slot = chunk.slot, .tokens = {}, .takes_token_in_flight = true};
   ASSERT_TRUE(engine.StartForwardAndSample({&next, 1}, {&params, 1}).ok());
   static_assert(Engine::kMaxStepsInFlight == 2);
   EXPECT_EQ(engine.StartForwardAndSample({&next, 1}, {&params, 1}).code(),
@@ -137,14 +137,14 @@ TEST_F(ForwardAndSampleTest, TakingATokenNotInFlightIsRefused) {
   CpuEngine engine(model_);
   const SequenceSlot a = *engine.CreateSequence(), b = *engine.CreateSequence();
   const SamplingParams params;
-  const SequenceChunk takes{.slot = a, .takes_token_in_flight = true};
+  const SequenceChunk takes{.slot = a, .tokens = {}, .takes_token_in_flight = true};
   absl::Status status = engine.StartForwardAndSample({&takes, 1}, {&params, 1});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("batch[0].takes_token_in_flight"));
 
   const SequenceChunk prompt{a, golden_.input_ids[0]};
   ASSERT_TRUE(engine.StartForwardAndSample({&prompt, 1}, {&params, 1}).ok());
-  const SequenceChunk other{.slot = b, .takes_token_in_flight = true};
+  const SequenceChunk other{.slot = b, .tokens = {}, .takes_token_in_flight = true};
   status = engine.StartForwardAndSample({&other, 1}, {&params, 1});
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("batch[0].takes_token_in_flight: no step in flight chooses a token for "
