@@ -122,8 +122,8 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
 
 // The decode form of PrepareTttInputs and TttScan in one kernel, for batches of one row per
 // segment (row b is segment b): the q/k conv histories are rewritten in place. Covers
-// TTT-Linear with f ≤ 64 (f % 4 == 0) and a state laid out for 16-byte copies, which
-// TttDecodeFits tells; otherwise it returns cudaErrorNotSupported.
+// TTT-Linear with f of 16, 32 or 64, windows (K) of up to 16 tokens and a state laid out for
+// 16-byte copies, which TttDecodeFits tells; otherwise it returns cudaErrorNotSupported.
 bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
                    StateAddress state, TttStateOffsets offsets);
 cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
