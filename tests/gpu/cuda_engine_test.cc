@@ -148,17 +148,18 @@ TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
   EXPECT_GE(double(agree) / positions, 0.98);
 }
 
-// GPU (float32) and CPU engines on random models of every inner type and backbone flag, five
-// sequences at different offsets stepping together for 300 decode steps.
-class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int>> {};
+// GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
+// the decode kernel has a form for (f = 64 and 32; the golden models have 16), five sequences at
+// different offsets stepping together for 300 decode steps.
+class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {};
 
 TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   SKIP_WITHOUT_GPU();
-  const auto [inner, flags] = GetParam();
+  const auto [inner, flags, head_dim] = GetParam();
   ModelConfig c;
   c.vocab_size = 211;
   c.hidden_size = 128;
-  c.num_attention_heads = 2;  // f = 64
+  c.num_attention_heads = c.hidden_size / head_dim;
   c.intermediate_size = 96;
   c.num_hidden_layers = 2;
   c.ttt_layer_type = inner;
@@ -198,15 +199,15 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
     ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kLastToken, &gpu_logits).ok());
     worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
   }
-  std::printf("[cuda-vs-cpu] %s flags %d: max|Δ| %.3g over 300 steps\n",
-              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, worst);
+  std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over 300 steps\n",
+              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst);
   EXPECT_LE(worst, 1e-3f);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryInnerAndFlag, CudaMatchesCpuTest,
                          ::testing::Combine(::testing::Values(TttLayerType::kLinear,
                                                               TttLayerType::kMlp),
-                                            ::testing::Range(0, 8)));
+                                            ::testing::Range(0, 8), ::testing::Values(64, 32)));
 
 // Tokens chosen on the GPU: greedy ids equal the reference's; seeded draws equal the CPU
 // sampler's whenever float32 rounding leaves the kept sets alike (nearly always).
