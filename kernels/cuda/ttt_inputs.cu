@@ -1,7 +1,7 @@
 // The TTT layer's per-sequence inputs: causal convs with their histories, RoPE, inner step sizes.
 #include <algorithm>
 
-#include "kernels/cuda/causal_conv.cuh"
+#include "kernels/cuda/ttt_inputs.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
@@ -86,12 +86,6 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-__device__ __forceinline__ void RotatePair(float& a, float& b, float2 cos_sin) {
-  const float x = a, y = b;
-  a = x * cos_sin.x - y * cos_sin.y;
-  b = y * cos_sin.x + x * cos_sin.y;
-}
-
 // One block per row; thread t handles the channel pairs (2t, 2t+1) that RoPE rotates together.
 template <int kTaps>
 __global__ void __launch_bounds__(kPrepareThreads)
@@ -148,7 +142,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
   for (int c = threadIdx.x; c < D; c += blockDim.x) v_out[out + c] = in[cols.v + c];
   for (int h = threadIdx.x; h < nh; h += blockDim.x) {
     lr_out[static_cast<int64_t>(row) * nh + h] =
-        inputs.base_lr / (1.0f + expf(-(in[cols.lr + h] + inputs.lr_bias[h]))) / f;
+        InnerStepSize(in[cols.lr + h], inputs.lr_bias[h], inputs.base_lr, f);
   }
 }
 

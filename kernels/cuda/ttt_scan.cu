@@ -13,7 +13,7 @@
 // the dual form.
 #include <cuda_pipeline.h>
 
-#include "kernels/cuda/causal_conv.cuh"
+#include "kernels/cuda/ttt_inputs.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
@@ -341,21 +341,14 @@ __global__ void __launch_bounds__(kWarp)
 #pragma unroll
   for (int pair = 0; pair < 2; ++pair) {
     const float2 cos_sin = in.rope[r * (kF / 2) + 2 * cg + pair];
-    float& q0 = q[2 * pair];
-    float& q1 = q[2 * pair + 1];
-    float& k0 = k[2 * pair];
-    float& k1 = k[2 * pair + 1];
-    const float q0_in = q0, k0_in = k0;
-    q0 = q0_in * cos_sin.x - q1 * cos_sin.y;
-    q1 = q1 * cos_sin.x + q0_in * cos_sin.y;
-    k0 = k0_in * cos_sin.x - k1 * cos_sin.y;
-    k1 = k1 * cos_sin.x + k0_in * cos_sin.y;
+    RotatePair(q[2 * pair], q[2 * pair + 1], cos_sin);
+    RotatePair(k[2 * pair], k[2 * pair + 1], cos_sin);
   }
   const float4 q4 = make_float4(q[0], q[1], q[2], q[3]);
   const float4 k4 = make_float4(k[0], k[1], k[2], k[3]);
   const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
   const float lr_t =
-      in.base_lr / (1.0f + expf(-(projected[in.columns.lr + head] + in.lr_bias[head]))) / kF;
+      InnerStepSize(projected[in.columns.lr + head], in.lr_bias[head], in.base_lr, kF);
   __syncwarp();  // Every lane has read the history before row group 0 shifts it.
   if (in.share_qk && ro == 0) {
 #pragma unroll

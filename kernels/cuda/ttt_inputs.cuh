@@ -1,6 +1,7 @@
-// Causal depthwise convs over a sequence's rows and its history, a channel at a time: the taps
-// of one output, their weighted sum and the history's shift. Shared by the kernels that read
-// projections through such convs (the pre-conv, the q/k convs, the decode TTT kernel).
+// The TTT layer's input transforms, a channel at a time, shared by the kernels that compute them
+// (the pre-conv, PrepareTttInputs, the decode TTT kernel): causal depthwise convs over a
+// sequence's rows and its history (a tap's inputs, their weighted sum, the history's shift),
+// RoPE's rotation and the inner step size.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -71,6 +72,18 @@ __device__ __forceinline__ void ShiftHistory(float* history, int D, int ck, int 
   for (int r = 0; r + 1 < kTaps; ++r) {
     if (r + 1 < ck) history[r * D + c] = taps.in[r + 1];
   }
+}
+
+// RoPE: channels (a, b) = (2i, 2i + 1) rotated by the angle of (cos, sin).
+__device__ __forceinline__ void RotatePair(float& a, float& b, float2 cos_sin) {
+  const float x = a, y = b;
+  a = x * cos_sin.x - y * cos_sin.y;
+  b = y * cos_sin.x + x * cos_sin.y;
+}
+
+// A head's inner step size (spec §3.4): base_lr · sigmoid(x·w_lr + bias) / f.
+__device__ __forceinline__ float InnerStepSize(float projected, float bias, float base_lr, int f) {
+  return base_lr / (1.0f + expf(-(projected + bias))) / f;
 }
 
 }  // namespace ttt::kernels::cuda
