@@ -241,7 +241,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
 constexpr int kDecodeMaxWindow = 16;
 // θ0's W1 in shared memory leaves room for 13 warps an SM at f = 64: registers for as many (the
 // kernel for long convs, which no known model has, is left unbounded rather than spill).
-constexpr int kDecodeWarpsPerSm = 12;
+constexpr int kDecodeWarpsPerSm = 13;
 
 template <int kF>
 struct DecodeTile {
@@ -293,76 +293,42 @@ __device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_
   return centred;
 }
 
-// A decode item's token: its row in the step, its state slot (−1: no token) and its position r in
-// the window.
-struct DecodeToken {
-  int row = 0, slot = -1, r = 0;
-};
-
-// Asks for [p, p + bytes) to be brought into L2, a 128-byte line per lane (no registers held).
-__device__ __forceinline__ void PrefetchToL2(const void* p, int bytes, int lane) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{127};
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
-  for (uintptr_t line = first + 128 * lane; line < end; line += 128 * kWarp) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-  }
-}
-
 template <int kF, int kTaps>
 __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerSm : 1)
     TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
                           int num_items, StateAddress state, TttStateOffsets off, float* out_all) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
-  extern __shared__ float4 w1[];  // θ0's W1 [f, f], then (q_d, k_d) pairs [f].
-  float2* shared_qk = reinterpret_cast<float2*>(w1 + kF * L);
+  extern __shared__ float4 w1[];  // θ0's W1 [f, f], then q and k [f] each.
+  float4* shared_q = w1 + kF * L;
+  float4* shared_k = shared_q + L;
 
   const int K = p.K, D = p.nh * kF;
   const int lane = threadIdx.x, cg = lane % L, ro = lane / L;
-  // Items are (segment, head), head fastest. A decode graph's batch bucket pads with empty
-  // segments, as is everything past the last item: nothing to compute.
-  auto token_of = [&](int item) {
-    if (item >= num_items) return DecodeToken{};
-    const Segment seg = segments[item / p.nh];
-    return seg.count == 0 ? DecodeToken{} : DecodeToken{seg.row, seg.slot, static_cast<int>(seg.start % K)};
+  // Items are (segment, head), head fastest; a decode graph's batch bucket pads with empty
+  // segments, which have nothing to compute.
+  auto next_live = [&](int item) {
+    while (item < num_items && segments[item / p.nh].count == 0) item += gridDim.x;
+    return item;
   };
-  // Starts the next item's reads: W1 to shared memory, and what its inputs need into L2.
-  auto start_item = [&](int item, const DecodeToken& token) {
-    if (token.slot >= 0) {
-      const int head = item % p.nh, r = token.r;
-      const float* base = SequenceState(state, token.slot);
-      const float4* W1 = reinterpret_cast<const float4*>(base + off.W1) + head * kF * L;
+  auto state_of = [&](int item) { return SequenceState(state, segments[item / p.nh].slot); };
+  auto copy_w1 = [&](int item) {
+    if (item < num_items) {
+      const float4* W1 = reinterpret_cast<const float4*>(state_of(item) + off.W1) +
+                         (item % p.nh) * kF * L;
       for (int i = lane; i < kF * L; i += kWarp) __pipeline_memcpy_async(&w1[i], &W1[i], 16);
-      constexpr int kRowBytes = kF * sizeof(float);
-      PrefetchToL2(base + off.k + head * K * kF, r * kRowBytes, lane);
-      PrefetchToL2(base + off.g1 + head * K * kF, r * kRowBytes, lane);
-      const float* projected = in.proj + static_cast<int64_t>(token.row) * in.columns.ld;
-      PrefetchToL2(projected + in.columns.q + head * kF, kRowBytes, lane);
-      PrefetchToL2(projected + in.columns.v + head * kF, kRowBytes, lane);
-      if (in.share_qk) {
-        for (int j = 0; j + 1 < in.conv.ck; ++j) {
-          PrefetchToL2(base + in.conv.history_offset + j * D + head * kF, kRowBytes, lane);
-        }
-      }
     }
     __pipeline_commit();
   };
 
-  int item = blockIdx.x;
-  DecodeToken token = token_of(item);
-  start_item(item, token);
+  int item = next_live(blockIdx.x);
+  copy_w1(item);
   while (item < num_items) {
-    // The next item's segment is read an item ahead: every address of an item depends on it.
-    const int next = item + gridDim.x;
-    const DecodeToken next_token = token_of(next);
-    if (token.slot < 0) {
-      start_item(next, next_token);
-      item = next;
-      token = next_token;
-      continue;
-    }
-    const int head = item % p.nh, r = token.r;
-    float* base = SequenceState(state, token.slot);
+    const int next = next_live(item + gridDim.x);
+    const Segment seg = segments[item / p.nh];
+    const int head = item % p.nh;
+    const int r = static_cast<int>(seg.start % K);
+    float* base = state_of(item);
     float4* W1 = reinterpret_cast<float4*>(base + off.W1) + head * kF * L;
     float4* b1 = reinterpret_cast<float4*>(base + off.b1) + head * L;
     float4* pk = reinterpret_cast<float4*>(base + off.k) + head * K * L;
@@ -381,7 +347,7 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
     }
 
     // This token's inputs (spec §3.2–3.4), for this lane's four channels.
-    const float* projected = in.proj + static_cast<int64_t>(token.row) * in.columns.ld;
+    const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
     const int channel = head * kF + 4 * cg;
     float q[4], k[4], v[4];
     Taps<kTaps> taps[4];
@@ -417,8 +383,8 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
       for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
     }
     if (ro == 0) {
-      reinterpret_cast<float4*>(shared_qk)[2 * cg] = make_float4(q4.x, k4.x, q4.y, k4.y);
-      reinterpret_cast<float4*>(shared_qk)[2 * cg + 1] = make_float4(q4.z, k4.z, q4.w, k4.w);
+      shared_q[cg] = q4;
+      shared_k[cg] = k4;
     }
 
     // coef_j = τ_r·lr_j·(q·k_j + 1) for the window's earlier tokens (zero past them).
@@ -436,20 +402,21 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
     __syncwarp();  // W1, q and k are in shared memory.
 
     // z1 = k·W1 + b1 and zq = q·W1 + b1 (this lane: its rows' share of its columns).
+    const float* sq = reinterpret_cast<const float*>(shared_q);
+    const float* sk = reinterpret_cast<const float*>(shared_k);
     float4 z1 = Broadcast4(0.0f), zq = Broadcast4(0.0f);
 #pragma unroll
     for (int m = 0; m < Tile::kRowsPerLane; ++m) {
       const int d = ro + R * m;
       const float4 w = w1[d * L + cg];
-      const float2 qk = shared_qk[d];
-      z1 = z1 + qk.y * w;
-      zq = zq + qk.x * w;
+      z1 = z1 + sk[d] * w;
+      zq = zq + sq[d] * w;
     }
     // Unless this token commits θ0, W1 is not read again: the next item's copy starts.
     const bool commits = r == K - 1;
     if (!commits) {
       __syncwarp();
-      start_item(next, next_token);
+      copy_w1(next);
     }
     z1 = make_float4(RowGroupSum<kF>(z1.x), RowGroupSum<kF>(z1.y), RowGroupSum<kF>(z1.z),
                      RowGroupSum<kF>(z1.w)) +
@@ -483,7 +450,7 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
     float out_inv_std;
     const float4 out_centred = CentreColumns<kF>(zbar, p.ln_eps, &out_inv_std);
     if (ro == 0) {
-      reinterpret_cast<float4*>(out_all + static_cast<int64_t>(token.row) * D + head * kF)[cg] =
+      reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
           q4 + gamma * (out_inv_std * out_centred) + beta;
     }
     // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
@@ -512,11 +479,10 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
       }
       if (ro == 0) b1[cg] = bias - bias_update;
       __syncwarp();
-      start_item(next, next_token);
+      copy_w1(next);
     }
 
     item = next;
-    token = next_token;
   }
 }
 
