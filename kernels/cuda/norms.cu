@@ -30,12 +30,15 @@ __global__ void __launch_bounds__(1024)
   __shared__ float scratch[kWarp];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   const float* gate_row = gate + static_cast<int64_t>(blockIdx.x) * gate_ld;
-  float v[kRowSlice], gated[kRowSlice], sum = 0;
+  // Everything the row needs is loaded before the first reduction waits.
+  float v[kRowSlice], gated[kRowSlice], gain[kRowSlice], shift[kRowSlice], sum = 0;
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
     v[m] = i < D ? x[base + i] : 0.0f;
     gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
+    gain[m] = i < D ? w[i] : 0.0f;
+    shift[m] = i < D ? b[i] : 0.0f;
     sum += v[m];
   }
   const float mean = BlockSum(sum, scratch) / D;
@@ -50,7 +53,7 @@ __global__ void __launch_bounds__(1024)
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
     if (i < D) {
-      const float normed = (v[m] - mean) * inv_std * w[i] + b[i];
+      const float normed = (v[m] - mean) * inv_std * gain[m] + shift[m];
       Store(y, base + i, gate != nullptr ? gated[m] * normed : normed, out_type);
     }
   }

@@ -160,7 +160,8 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   c.vocab_size = 211;
   c.hidden_size = 128;
   c.num_attention_heads = c.hidden_size / head_dim;
-  c.intermediate_size = 96;
+  // 96: SwiGLU's four-column kernel; 90: its one-column form.
+  c.intermediate_size = head_dim == 64 ? 96 : 90;
   c.num_hidden_layers = 2;
   c.ttt_layer_type = inner;
   c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
@@ -208,6 +209,69 @@ INSTANTIATE_TEST_SUITE_P(EveryInnerAndFlag, CudaMatchesCpuTest,
                          ::testing::Combine(::testing::Values(TttLayerType::kLinear,
                                                               TttLayerType::kMlp),
                                             ::testing::Range(0, 8), ::testing::Values(64, 32)));
+
+// A decode step of more (sequence, head) pairs than the device holds warps at once, so that each
+// of the decode kernel's warps walks several, copying the next one's θ0 while computing one: 1,024
+// sequences at mixed offsets, each decoded token by token, against the same tokens run as one
+// prefill (a different kernel) per sequence. For each head size f the decode kernel has.
+class CudaDecodeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaDecodeTest, ManySequencesDecodedTokenByTokenMatchPrefill) {
+  SKIP_WITHOUT_GPU();
+  const int head_dim = GetParam();
+  ModelConfig c;
+  c.vocab_size = 97;
+  c.hidden_size = 256;
+  c.num_attention_heads = c.hidden_size / head_dim;  // 4,096 to 16,384 items a step.
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 1;
+  c.share_qk = true;
+  c.pre_conv = true;
+  auto model = testing::RandomModel(c, 7);
+  constexpr int kSequences = 1024, kDecodeSteps = 20;
+  auto prefilled = MakeCudaEngine(model, WeightPrecision::kFloat32, kSequences);
+  auto decoded = MakeCudaEngine(model, WeightPrecision::kFloat32, kSequences);
+  ASSERT_NE(prefilled, nullptr);
+  ASSERT_NE(decoded, nullptr);
+
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  std::uniform_int_distribution<int> prompt_length(1, 40);
+  std::vector<std::vector<int32_t>> tokens(kSequences);
+  std::vector<int> prompt(kSequences);
+  std::vector<SequenceChunk> whole, steps;
+  for (int s = 0; s < kSequences; ++s) {
+    prompt[s] = prompt_length(rng);
+    tokens[s].resize(prompt[s] + kDecodeSteps);
+    for (int32_t& t : tokens[s]) t = token(rng);
+    whole.push_back({*prefilled->CreateSequence(), tokens[s]});
+    steps.push_back({*decoded->CreateSequence(), std::span(tokens[s]).first(prompt[s])});
+  }
+  std::vector<float> all_logits, step_logits;
+  ASSERT_TRUE(prefilled->Forward(whole, LogitsFor::kEveryToken, &all_logits).ok());
+  ASSERT_TRUE(decoded->Forward(steps, LogitsFor::kLastToken, &step_logits).ok());
+  std::vector<int64_t> first_row(kSequences);  // Of each sequence's rows in all_logits.
+  for (int s = 1; s < kSequences; ++s) first_row[s] = first_row[s - 1] + tokens[s - 1].size();
+  const int64_t V = c.vocab_size;
+  float worst = 0;
+  for (int step = 0; step < kDecodeSteps; ++step) {
+    for (int s = 0; s < kSequences; ++s) {
+      steps[s].tokens = std::span(tokens[s]).subspan(prompt[s] + step, 1);
+    }
+    ASSERT_TRUE(decoded->Forward(steps, LogitsFor::kLastToken, &step_logits).ok());
+    for (int s = 0; s < kSequences; ++s) {
+      const float* expected = &all_logits[(first_row[s] + prompt[s] + step) * V];
+      for (int64_t v = 0; v < V; ++v) {
+        worst = std::max(worst, std::abs(step_logits[s * V + v] - expected[v]));
+      }
+    }
+  }
+  std::printf("[cuda-decode] f %d, %d sequences, %d steps: max|decode - prefill| %.3g\n",
+              head_dim, kSequences, kDecodeSteps, worst);
+  EXPECT_LE(worst, 1e-3f);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryHeadSize, CudaDecodeTest, ::testing::Values(64, 32, 16));
 
 // Tokens chosen on the GPU: greedy ids equal the reference's; seeded draws equal the CPU
 // sampler's whenever float32 rounding leaves the kept sets alike (nearly always).
