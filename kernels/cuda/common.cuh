@@ -55,6 +55,12 @@ __device__ __forceinline__ float* SequenceState(const StateAddress& state, int s
   return state.states + static_cast<size_t>(slot) * state.slot_floats + state.layer_offset;
 }
 
+// Asks for the line holding p to be brought into L1, holding no register while it comes: for
+// loads that can only be used after a reduction, issued before it.
+__device__ __forceinline__ void PrefetchToL1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 inline int RoundUpToWarp(int n) { return (n + kWarp - 1) / kWarp * kWarp; }
 
 // Row-per-block kernels hold their row in registers: thread t has elements t + m·blockDim.x for

@@ -54,33 +54,36 @@ __global__ void __launch_bounds__(1024)
   __shared__ float scratch[kWarp];
   const Segment seg = segments[blockIdx.x];
   const bool live = seg.count > 0;
-  float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
-  // The row and its conv history are loaded together, before the first reduction waits.
-  constexpr int kSlice = kTaps == kCommonTaps ? kRowSlice : 1;
+  float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
+  // What the conv and the next norm read after the first reduction is on its way during it (at
+  // batch 1 these are DRAM reads: the step's weights have streamed through L2 since).
   float v[kRowSlice], sum = 0;
-  Taps<kTaps> taps[kSlice];
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
     v[m] = c < D ? h[base + c] : 0.0f;
-    if (m < kSlice && c < D) taps[m] = HistoryTaps<kTaps>(history, D, c, ck);
     sum += v[m] * v[m];
+    if (c < D) {
+      PrefetchToL1(norm_w + c);
+      PrefetchToL1(w + c * ck);
+      PrefetchToL1(b + c);
+      PrefetchToL1(next_norm_w + c);
+      for (int j = 0; live && j + 1 < ck; ++j) PrefetchToL1(history + j * D + c);
+    }
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
   float next_sum = 0;
-  // Unrolled, every tap of the row's slice is held at once: for the long convs that is more than
-  // the registers a 1,024-thread block has, so their history loads wait here, a slice at a time.
-#pragma unroll(kSlice)
+  // Unrolled, every tap of the row's slice is loaded at once: at the largest kernels that is more
+  // than the registers a 1,024-thread block has.
+#pragma unroll(kTaps == kCommonTaps ? kRowSlice : 1)
   for (int m = 0; m < kRowSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
     if (c < D) {
-      Taps<kTaps>& row_taps = taps[m < kSlice ? m : 0];
-      if (kSlice == 1) row_taps = HistoryTaps<kTaps>(history, D, c, ck);
-      SetCurrentTap(row_taps, ck, v[m] * inv_rms * norm_w[c]);
-      v[m] += ConvOf(row_taps, c, w, b, ck);
+      const Taps<kTaps> taps = DecodeTaps<kTaps>(history, D, c, ck, v[m] * inv_rms * norm_w[c]);
+      v[m] += ConvOf(taps, c, w, b, ck);
       h[base + c] = v[m];
-      if (live) ShiftHistory(history, D, ck, c, row_taps);
+      if (live) ShiftHistory(history, D, ck, c, taps);
       next_sum += v[m] * v[m];
     }
   }

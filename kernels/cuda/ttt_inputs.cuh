@@ -36,33 +36,19 @@ __device__ __forceinline__ Taps<kTaps> LoadTaps(const float* x, int64_t ld, int 
   return taps;
 }
 
-// The taps of a segment's only row before its own input is known: the history (taps 0..ck−2;
-// nullptr: zeros). Loading them early lets their latency overlap the work that makes the input.
-template <int kTaps>
-__device__ __forceinline__ Taps<kTaps> HistoryTaps(const float* history, int D, int c, int ck) {
-  Taps<kTaps> taps;
-#pragma unroll
-  for (int j = 0; j < kTaps; ++j) {
-    if (j + 1 < ck) taps.in[j] = history != nullptr ? history[j * D + c] : 0.0f;
-  }
-  return taps;
-}
-
-// The row's own input, tap ck−1.
-template <int kTaps>
-__device__ __forceinline__ void SetCurrentTap(Taps<kTaps>& taps, int ck, float current) {
-#pragma unroll
-  for (int j = 0; j < kTaps; ++j) {
-    if (j + 1 == ck) taps.in[j] = current;
-  }
-}
-
 // The taps of a segment's only row: the history, then `current` (tap ck−1).
 template <int kTaps>
 __device__ __forceinline__ Taps<kTaps> DecodeTaps(const float* history, int D, int c, int ck,
                                                   float current) {
-  Taps<kTaps> taps = HistoryTaps<kTaps>(history, D, c, ck);
-  SetCurrentTap(taps, ck, current);
+  Taps<kTaps> taps;
+#pragma unroll
+  for (int j = 0; j < kTaps; ++j) {
+    if (j + 1 < ck) {
+      taps.in[j] = history != nullptr ? history[j * D + c] : 0.0f;
+    } else if (j + 1 == ck) {
+      taps.in[j] = current;
+    }
+  }
   return taps;
 }
 
