@@ -9,7 +9,8 @@
 // coalesced; θ0 stays in device memory (L1/L2-cached) across tokens. The decode one (TTT-Linear,
 // one token per sequence, the hot path of serving) is a warp per (sequence, head) that reads its
 // inputs from the projection itself and copies θ0 to shared memory asynchronously, so that all of
-// it is in flight at once. The prefill one (TTT-Linear, K = 16) takes a window's tokens at once in
+// it is in flight at once; its warps are persistent, each copying its next item's θ0 while it
+// computes one. The prefill one (TTT-Linear, K = 16) takes a window's tokens at once in
 // the dual form.
 #include <cuda_pipeline.h>
 
