@@ -74,6 +74,53 @@ __device__ __forceinline__ void ShiftHistory(float* history, int D, int ck, int 
   }
 }
 
+// Four adjacent channels c .. c + 3 (c % 4 == 0) of a conv with exactly four taps (every known
+// model), where every row read is one 16-byte load: the history's three rows and the token's own
+// input become each channel's taps, and each channel's four weights are one load.
+__device__ __forceinline__ float4 Load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float Channel(const float4& v, int i) {
+  return reinterpret_cast<const float*>(&v)[i];  // i is a constant once unrolled: a register.
+}
+
+__device__ __forceinline__ void FourChannelDecodeTaps(const float* history, int D, int c,
+                                                      float4 current, Taps<4> taps[4]) {
+  const float4 oldest = Load4(history + c), older = Load4(history + D + c),
+               newest = Load4(history + 2 * D + c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    taps[i].in[0] = Channel(oldest, i);
+    taps[i].in[1] = Channel(older, i);
+    taps[i].in[2] = Channel(newest, i);
+    taps[i].in[3] = Channel(current, i);
+  }
+}
+
+// ConvOf for the four channels, in the same order of operations.
+__device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4], int c, const float* w,
+                                                const float* b, float out[4]) {
+  const float4 bias = Load4(b + c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 weights = Load4(w + (c + i) * 4);
+    float acc = Channel(bias, i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc += Channel(weights, j) * taps[i].in[j];
+    out[i] = acc;
+  }
+}
+
+// ShiftHistory for the four channels: the history's rows become taps 1..3.
+__device__ __forceinline__ void FourChannelShiftHistory(float* history, int D, int c,
+                                                        const Taps<4> taps[4]) {
+#pragma unroll
+  for (int r = 0; r < 3; ++r) {
+    *reinterpret_cast<float4*>(history + r * D + c) = make_float4(
+        taps[0].in[r + 1], taps[1].in[r + 1], taps[2].in[r + 1], taps[3].in[r + 1]);
+  }
+}
+
 // RoPE: channels (a, b) = (2i, 2i + 1) rotated by the angle of (cos, sin).
 __device__ __forceinline__ void RotatePair(float& a, float& b, float2 cos_sin) {
   const float x = a, y = b;

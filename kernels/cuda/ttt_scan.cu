@@ -241,8 +241,12 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
 // Windows of up to this many tokens (16 in every known model; others: the general kernel).
 constexpr int kDecodeMaxWindow = 16;
 // θ0's W1 in shared memory leaves room for 13 warps an SM at f = 64: registers for as many (the
-// kernel for long convs, which no known model has, is left unbounded rather than spill).
+// kernel for other convs, which no known model has, is left unbounded rather than spill).
 constexpr int kDecodeWarpsPerSm = 13;
+// The decode kernel comes in two forms: for q/k convs of exactly four taps (every known model) or
+// none, reading four adjacent channels with each 16-byte load; and for any conv up to kMaxTaps,
+// a channel a load.
+constexpr int kFourTaps = 4;
 
 template <int kF>
 struct DecodeTile {
@@ -295,7 +299,7 @@ __device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_
 }
 
 template <int kF, int kTaps>
-__global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerSm : 1)
+__global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm : 1)
     TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
                           int num_items, StateAddress state, TttStateOffsets off, float* out_all) {
   using Tile = DecodeTile<kF>;
@@ -336,14 +340,14 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
     float4* pg = reinterpret_cast<float4*>(base + off.g1) + head * K * L;
     float* plr = base + off.lr + head * K;
 
-    // The window's earlier tokens: this lane's rows j = ro + R·m < r.
-    float4 keys[Tile::kWindowRowsPerLane], grads[Tile::kWindowRowsPerLane];
+    // The window's earlier tokens: this lane's rows j = ro + R·m < r (their gradients are loaded
+    // once the keys are used, while W1 is in flight).
+    float4 keys[Tile::kWindowRowsPerLane];
     float lrs[Tile::kWindowRowsPerLane];
 #pragma unroll
     for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
       const int j = ro + R * m;
       keys[m] = j < r ? pk[j * L + cg] : Broadcast4(0.0f);
-      grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
       lrs[m] = j < r ? plr[j] : 0.0f;
     }
 
@@ -353,18 +357,34 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
     float q[4], k[4], v[4];
     Taps<kTaps> taps[4];
     float* history = base + in.conv.history_offset;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    if constexpr (kTaps == kFourTaps) {
+      const float4 v4 = Load4(projected + in.columns.v + channel);
       if (in.share_qk) {
-        taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
-                                    projected[in.columns.q + channel + i]);
-        q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
-        k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
+        FourChannelDecodeTaps(history, D, channel, Load4(projected + in.columns.q + channel), taps);
+        FourChannelConv(taps, channel, in.conv.q_weight, in.conv.q_bias, q);
+        FourChannelConv(taps, channel, in.conv.k_weight, in.conv.k_bias, k);
       } else {
-        q[i] = projected[in.columns.q + channel + i];
-        k[i] = projected[in.columns.k + channel + i];
+        const float4 q4 = Load4(projected + in.columns.q + channel),
+                     k4 = Load4(projected + in.columns.k + channel);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = Channel(q4, i), k[i] = Channel(k4, i);
       }
-      v[i] = projected[in.columns.v + channel + i];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = Channel(v4, i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (in.share_qk) {
+          taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
+                                      projected[in.columns.q + channel + i]);
+          q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
+          k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
+        } else {
+          q[i] = projected[in.columns.q + channel + i];
+          k[i] = projected[in.columns.k + channel + i];
+        }
+        v[i] = projected[in.columns.v + channel + i];
+      }
     }
     // RoPE at position r in the window: channels (2i, 2i + 1) rotate together.
 #pragma unroll
@@ -380,8 +400,12 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
         InnerStepSize(projected[in.columns.lr + head], in.lr_bias[head], in.base_lr, kF);
     __syncwarp();  // Every lane has read the history before row group 0 shifts it.
     if (in.share_qk && ro == 0) {
+      if constexpr (kTaps == kFourTaps) {
+        FourChannelShiftHistory(history, D, channel, taps);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
+        for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
+      }
     }
     if (ro == 0) {
       shared_q[cg] = q4;
@@ -394,6 +418,12 @@ __global__ void __launch_bounds__(kWarp, kTaps == kCommonTaps ? kDecodeWarpsPerS
 #pragma unroll
     for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
       coef[m] = tau_r * lrs[m] * (ColumnSum<kF>(Dot4(q4, keys[m])) + 1.0f);
+    }
+    float4 grads[Tile::kWindowRowsPerLane];
+#pragma unroll
+    for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+      const int j = ro + R * m;
+      grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
     }
 
     const float4 bias = b1[cg];
@@ -804,13 +834,28 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
   return cudaGetLastError();
 }
 
+bool SixteenByteAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether the four-channel loads of the kernel's kFourTaps form land on 16-byte boundaries.
+bool FourChannelLoadsFit(const TttProjectionInputs& in) {
+  const ProjectionColumns& c = in.columns;
+  const bool projection = SixteenByteAligned(in.proj) && c.ld % 4 == 0 && c.q % 4 == 0 &&
+                          c.v % 4 == 0 && (in.share_qk || c.k % 4 == 0);
+  const QkConv& conv = in.conv;
+  return projection &&
+         (!in.share_qk ||
+          (conv.ck == kFourTaps && conv.history_offset % 4 == 0 &&
+           SixteenByteAligned(conv.q_weight) && SixteenByteAligned(conv.q_bias) &&
+           SixteenByteAligned(conv.k_weight) && SixteenByteAligned(conv.k_bias)));
+}
+
 template <int kF>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
                                const Segment* segments, int num_segments, StateAddress state,
                                TttStateOffsets offsets, float* out, cudaStream_t stream) {
-  return !inputs.share_qk || inputs.conv.ck <= kCommonTaps
-             ? LaunchDecodeLinear<kF, kCommonTaps>(params, inputs, segments, num_segments, state,
-                                                   offsets, out, stream)
+  return FourChannelLoadsFit(inputs)
+             ? LaunchDecodeLinear<kF, kFourTaps>(params, inputs, segments, num_segments, state,
+                                                 offsets, out, stream)
              : LaunchDecodeLinear<kF, kMaxTaps>(params, inputs, segments, num_segments, state,
                                                 offsets, out, stream);
 }

@@ -160,8 +160,10 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   c.vocab_size = 211;
   c.hidden_size = 128;
   c.num_attention_heads = c.hidden_size / head_dim;
-  // 96: SwiGLU's four-column kernel; 90: its one-column form.
+  // f = 32 takes the other forms of two kernels: SwiGLU's one-column form (I = 90, against 96)
+  // and the decode kernel's any-conv form (three taps, against four).
   c.intermediate_size = head_dim == 64 ? 96 : 90;
+  c.conv_kernel = head_dim == 64 ? 4 : 3;
   c.num_hidden_layers = 2;
   c.ttt_layer_type = inner;
   c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
