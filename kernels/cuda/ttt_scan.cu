@@ -358,19 +358,22 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
     Taps<kTaps> taps[4];
     float* history = base + in.conv.history_offset;
     if constexpr (kTaps == kFourTaps) {
-      const float4 v4 = Load4(projected + in.columns.v + channel);
+      const float4 projected_v = Load4(projected + in.columns.v + channel);
       if (in.share_qk) {
         FourChannelDecodeTaps(history, D, channel, Load4(projected + in.columns.q + channel), taps);
         FourChannelConv(taps, channel, in.conv.q_weight, in.conv.q_bias, q);
         FourChannelConv(taps, channel, in.conv.k_weight, in.conv.k_bias, k);
       } else {
-        const float4 q4 = Load4(projected + in.columns.q + channel),
-                     k4 = Load4(projected + in.columns.k + channel);
+        const float4 projected_q = Load4(projected + in.columns.q + channel),
+                     projected_k = Load4(projected + in.columns.k + channel);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = Channel(q4, i), k[i] = Channel(k4, i);
+        for (int i = 0; i < 4; ++i) {
+          q[i] = Channel(projected_q, i);
+          k[i] = Channel(projected_k, i);
+        }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = Channel(v4, i);
+      for (int i = 0; i < 4; ++i) v[i] = Channel(projected_v, i);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
