@@ -61,6 +61,33 @@ __device__ __forceinline__ void PrefetchToL1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+// Programmatic dependent launch: every kernel here is launched by Launch(), which lets it start
+// while the kernel before it on the stream is still finishing. So each kernel must call
+// WaitForPreviousKernel() before it reads anything an earlier kernel wrote or writes anything an
+// earlier kernel reads; what it does before the wait (loading weights, or state only it writes)
+// overlaps the previous kernel's tail. Right after the wait it lets the next kernel start the
+// same way; at most two kernels overlap, since the next one's wait is on this one's end.
+__device__ __forceinline__ void WaitForPreviousKernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 inline int RoundUpToWarp(int n) { return (n + kWarp - 1) / kWarp * kWarp; }
 
 // Row-per-block kernels hold their row in registers: thread t has elements t + m·blockDim.x for

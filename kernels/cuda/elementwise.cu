@@ -10,6 +10,7 @@ int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); 
 
 __global__ void EmbeddingGatherKernel(const int32_t* tokens, const int32_t* chosen,
                                       const void* table, ElementType type, int D, float* h) {
+  WaitForPreviousKernel();
   const int64_t row = blockIdx.x;
   const int32_t token = tokens[row] >= 0 ? tokens[row] : chosen[-tokens[row] - 1];
   const int64_t base = static_cast<int64_t>(token) * D;
@@ -22,6 +23,7 @@ __device__ __forceinline__ float Swish(float gate, float up) {
 
 __global__ void SwiGluKernel(const float* gate_up, int64_t n, int I, void* out,
                              ElementType out_type) {
+  WaitForPreviousKernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t row = i / I, col = i % I;
@@ -32,6 +34,7 @@ __global__ void SwiGluKernel(const float* gate_up, int64_t n, int I, void* out,
 // the threads and instructions for the same bytes.
 __global__ void SwiGluBy4Kernel(const float4* gate_up, int64_t n4, int I4, void* out,
                                 ElementType out_type) {
+  WaitForPreviousKernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   const int64_t row = i / I4, col = i % I4;
@@ -48,11 +51,13 @@ __global__ void SwiGluBy4Kernel(const float4* gate_up, int64_t n4, int I4, void*
 }
 
 __global__ void GatherRowsKernel(const float* x, const int32_t* rows, int D, float* out) {
+  WaitForPreviousKernel();
   const int64_t src = static_cast<int64_t>(rows[blockIdx.x]) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[int64_t{blockIdx.x} * D + i] = x[src + i];
 }
 
 __global__ void ToBFloat16Kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  WaitForPreviousKernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16(x[i]);
 }
@@ -63,8 +68,8 @@ cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chos
                             const void* table, ElementType type, int D, float* h,
                             cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  EmbeddingGatherKernel<<<rows, kThreads, 0, stream>>>(tokens, chosen, table, type, D, h);
-  return cudaGetLastError();
+  return Launch(EmbeddingGatherKernel, rows, kThreads, 0, stream, tokens, chosen, table, type, D,
+                h);
 }
 
 cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
@@ -72,25 +77,21 @@ cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType
   const int64_t n = static_cast<int64_t>(rows) * I;
   if (n == 0) return cudaSuccess;
   if (I % 4 == 0) {
-    SwiGluBy4Kernel<<<Blocks(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(gate_up), n / 4, I / 4, out, out_type);
-  } else {
-    SwiGluKernel<<<Blocks(n), kThreads, 0, stream>>>(gate_up, n, I, out, out_type);
+    return Launch(SwiGluBy4Kernel, Blocks(n / 4), kThreads, 0, stream,
+                  reinterpret_cast<const float4*>(gate_up), n / 4, I / 4, out, out_type);
   }
-  return cudaGetLastError();
+  return Launch(SwiGluKernel, Blocks(n), kThreads, 0, stream, gate_up, n, I, out, out_type);
 }
 
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,
                        cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  GatherRowsKernel<<<n, kThreads, 0, stream>>>(x, rows, D, out);
-  return cudaGetLastError();
+  return Launch(GatherRowsKernel, n, kThreads, 0, stream, x, rows, D, out);
 }
 
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ToBFloat16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, y);
-  return cudaGetLastError();
+  return Launch(ToBFloat16Kernel, Blocks(n), kThreads, 0, stream, x, n, y);
 }
 
 }  // namespace ttt::kernels::cuda

@@ -12,8 +12,13 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
-    v[m] = i < D ? x[base + i] : 0.0f;
     gain[m] = i < D ? w[i] : 0.0f;
+  }
+  WaitForPreviousKernel();
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    v[m] = i < D ? x[base + i] : 0.0f;
     sum += v[m] * v[m];
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
@@ -30,15 +35,21 @@ __global__ void __launch_bounds__(1024)
   __shared__ float scratch[kWarp];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   const float* gate_row = gate + static_cast<int64_t>(blockIdx.x) * gate_ld;
-  // Everything the row needs is loaded before the first reduction waits.
+  // Everything the row needs is loaded before the first reduction waits, the weights before
+  // the previous kernel ends.
   float v[kRowSlice], gated[kRowSlice], gain[kRowSlice], shift[kRowSlice], sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    gain[m] = i < D ? w[i] : 0.0f;
+    shift[m] = i < D ? b[i] : 0.0f;
+  }
+  WaitForPreviousKernel();
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
     v[m] = i < D ? x[base + i] : 0.0f;
     gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
-    gain[m] = i < D ? w[i] : 0.0f;
-    shift[m] = i < D ? b[i] : 0.0f;
     sum += v[m];
   }
   const float mean = BlockSum(sum, scratch) / D;
@@ -65,8 +76,7 @@ cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float 
                     ElementType out_type, cudaStream_t stream) {
   if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  RmsNormKernel<<<rows, RowThreads(D), 0, stream>>>(x, D, weight, eps, y, out_type);
-  return cudaGetLastError();
+  return Launch(RmsNormKernel, rows, RowThreads(D), 0, stream, x, D, weight, eps, y, out_type);
 }
 
 cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
@@ -74,9 +84,8 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
                          ElementType out_type, cudaStream_t stream) {
   if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  PostNormGateKernel<<<rows, RowThreads(D), 0, stream>>>(x, D, weight, bias, eps, gate, gate_ld, y,
-                                                         out_type);
-  return cudaGetLastError();
+  return Launch(PostNormGateKernel, rows, RowThreads(D), 0, stream, x, D, weight, bias, eps, gate,
+                gate_ld, y, out_type);
 }
 
 }  // namespace ttt::kernels::cuda

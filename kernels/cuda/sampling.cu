@@ -83,6 +83,7 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
                              float* logprobs) {
   __shared__ float scratch[kWarp];
   __shared__ int scratch_int[kWarp];
+  WaitForPreviousKernel();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
   const SamplingRow p = rows[blockIdx.x];
   float local_max = -FLT_MAX;
@@ -177,8 +178,7 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
 cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
                          int32_t* ids, float* logprobs, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, V, params, ids, logprobs);
-  return cudaGetLastError();
+  return Launch(SampleKernel, rows, kThreads, 0, stream, logits, V, params, ids, logprobs);
 }
 
 }  // namespace ttt::kernels::cuda

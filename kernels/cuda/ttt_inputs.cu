@@ -14,6 +14,7 @@ __global__ void CausalConvKernel(const float* x, int D, const float* w, const fl
                                  const Segment* segments, const int32_t* row_segment,
                                  StateAddress state, size_t history_offset, float* y,
                                  bool accumulate) {
+  WaitForPreviousKernel();
   const int row = blockIdx.x;
   const Segment seg = segments[row_segment[row]];
   const float* history = SequenceState(state, seg.slot) + history_offset;
@@ -29,6 +30,7 @@ __global__ void CausalConvKernel(const float* x, int D, const float* w, const fl
 __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
                                      const Segment* segments, StateAddress state,
                                      size_t history_offset) {
+  WaitForPreviousKernel();
   const Segment seg = segments[blockIdx.x];
   if (seg.count == 0) return;
   float* history = SequenceState(state, seg.slot) + history_offset;
@@ -56,14 +58,12 @@ __global__ void __launch_bounds__(1024)
   const bool live = seg.count > 0;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
-  // What the conv and the next norm read after the first reduction is on its way during it (at
-  // batch 1 these are DRAM reads: the step's weights have streamed through L2 since).
-  float v[kRowSlice], sum = 0;
+  // What the conv and the next norm read after the first reduction is on its way while the
+  // previous kernel ends (at batch 1 these are DRAM reads: the step's weights have streamed
+  // through L2 since). The history is written by this kernel alone.
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
-    v[m] = c < D ? h[base + c] : 0.0f;
-    sum += v[m] * v[m];
     if (c < D) {
       PrefetchToL1(norm_w + c);
       PrefetchToL1(w + c * ck);
@@ -71,6 +71,14 @@ __global__ void __launch_bounds__(1024)
       PrefetchToL1(next_norm_w + c);
       for (int j = 0; live && j + 1 < ck; ++j) PrefetchToL1(history + j * D + c);
     }
+  }
+  WaitForPreviousKernel();
+  float v[kRowSlice], sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int c = threadIdx.x + m * blockDim.x;
+    v[m] = c < D ? h[base + c] : 0.0f;
+    sum += v[m] * v[m];
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
   float next_sum = 0;
@@ -102,6 +110,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
                            const Segment* segments, const int32_t* row_segment, StateAddress state,
                            bool rewrite_history, float* q_out, float* k_out, float* v_out,
                            float* lr_out) {
+  WaitForPreviousKernel();
   const ProjectionColumns& cols = inputs.columns;
   const QkConv& conv = inputs.conv;
   const int row = blockIdx.x;
@@ -162,9 +171,8 @@ cudaError_t CausalConv(const float* x, int rows, int D, const float* weight, con
                        StateAddress state, size_t history_offset, float* y, bool accumulate,
                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  CausalConvKernel<<<rows, kThreads, 0, stream>>>(x, D, weight, bias, ck, segments, row_segment,
-                                                  state, history_offset, y, accumulate);
-  return cudaGetLastError();
+  return Launch(CausalConvKernel, rows, kThreads, 0, stream, x, D, weight, bias, ck, segments,
+                row_segment, state, history_offset, y, accumulate);
 }
 
 cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int D, int ck,
@@ -172,9 +180,8 @@ cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int
                                cudaStream_t stream) {
   if (ck - 1 > kMaxHistory) return cudaErrorInvalidValue;
   if (num_segments == 0 || ck == 1) return cudaSuccess;
-  AdvanceHistoryKernel<<<num_segments, kThreads, 0, stream>>>(x, ld, D, ck, segments, state,
-                                                              history_offset);
-  return cudaGetLastError();
+  return Launch(AdvanceHistoryKernel, num_segments, kThreads, 0, stream, x, ld, D, ck, segments,
+                state, history_offset);
 }
 
 cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, float eps,
@@ -186,10 +193,8 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
   if (rows == 0) return cudaSuccess;
   auto* kernel =
       ck <= kCommonTaps ? PreConvDecodeKernel<kCommonTaps> : PreConvDecodeKernel<kMaxTaps>;
-  kernel<<<rows, RowThreads(D), 0, stream>>>(h, D, norm_weight, eps, conv_weight, conv_bias, ck,
-                                             segments, state, history_offset, next_norm_weight, y,
-                                             y_type);
-  return cudaGetLastError();
+  return Launch(kernel, rows, RowThreads(D), 0, stream, h, D, norm_weight, eps, conv_weight,
+                conv_bias, ck, segments, state, history_offset, next_norm_weight, y, y_type);
 }
 
 cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh, int f, int K,
@@ -206,9 +211,8 @@ cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh
   auto* kernel = !inputs.share_qk || inputs.conv.ck <= kCommonTaps
                      ? PrepareTttInputsKernel<kCommonTaps>
                      : PrepareTttInputsKernel<kMaxTaps>;
-  kernel<<<rows, threads, 0, stream>>>(inputs, nh, f, K, segments, row_segment, state,
-                                       rewrite_history, q, k, v, lr);
-  return cudaGetLastError();
+  return Launch(kernel, rows, threads, 0, stream, inputs, nh, f, K, segments, row_segment, state,
+                rewrite_history, q, k, v, lr);
 }
 
 }  // namespace ttt::kernels::cuda

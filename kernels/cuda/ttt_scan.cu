@@ -68,6 +68,7 @@ __device__ void DualCoefficients(const float* a, const float* rows, int width, i
 __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all,
                               const float* k_all, const float* v_all, const float* lr_all,
                               StateAddress state, TttStateOffsets off, float* out_all) {
+  WaitForPreviousKernel();
   extern __shared__ float dynamic[];
   __shared__ SharedScratch shared;
   const int f = p.f, f1 = p.f1, K = p.K, nh = p.nh, D = nh * f;
@@ -326,8 +327,11 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
     __pipeline_commit();
   };
 
+  // The first item's W1 (state this kernel alone writes) is on its way before the previous
+  // kernel, which writes the projection, ends.
   int item = next_live(blockIdx.x);
   copy_w1(item);
+  WaitForPreviousKernel();
   while (item < num_items) {
     const int next = next_live(item + gridDim.x);
     const Segment seg = segments[item / p.nh];
@@ -591,6 +595,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   float* values = queries + K * P;                  // [K, P]
   float* z = values + K * P;                        // [K, P]: k·W1 + b1, then z̄
 
+  WaitForPreviousKernel();
   const Segment seg = segments[blockIdx.x / nh];
   if (seg.count == 0) return;
   const int head = blockIdx.x % nh;
@@ -831,10 +836,9 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
     resident_warps = std::max(1, sms * per_sm);
   }
   const int items = num_segments * params.nh;
-  TttDecodeLinearKernel<kF, kTaps>
-      <<<std::min(items, resident_warps.load()), kWarp, DecodeSharedBytes(kF), stream>>>(
-          params, inputs, segments, items, state, offsets, out);
-  return cudaGetLastError();
+  return Launch(TttDecodeLinearKernel<kF, kTaps>, std::min(items, resident_warps.load()), kWarp,
+                DecodeSharedBytes(kF), stream, params, inputs, segments, items, state, offsets,
+                out);
 }
 
 bool SixteenByteAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -898,17 +902,15 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
   if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF &&
       SixteenByteAligned(params, state, offsets) &&
       PrefillSharedBytes(params) <= kDefaultSharedBytes) {
-    TttPrefillLinearKernel<<<num_segments * params.nh, kPrefillThreads,
-                             PrefillSharedBytes(params), stream>>>(params, segments, q, k, v, lr,
-                                                                   state, offsets, out);
-    return cudaGetLastError();
+    return Launch(TttPrefillLinearKernel, num_segments * params.nh, kPrefillThreads,
+                  PrefillSharedBytes(params), stream, params, segments, q, k, v, lr, state,
+                  offsets, out);
   }
   const int threads = RoundUpToWarp(params.f1);
   const size_t shared_bytes =
       sizeof(float) * (3 * params.f + 2 * params.f1 + params.K * (params.f + params.f1));
-  TttScanKernel<<<num_segments * params.nh, threads, shared_bytes, stream>>>(
-      params, segments, q, k, v, lr, state, offsets, out);
-  return cudaGetLastError();
+  return Launch(TttScanKernel, num_segments * params.nh, threads, shared_bytes, stream, params,
+                segments, q, k, v, lr, state, offsets, out);
 }
 
 }  // namespace ttt::kernels::cuda
