@@ -2,9 +2,9 @@
 //
 // Conventions (as kernels/cpu_ops.h): activations are row-major float32 [rows, width]; a batch
 // stacks the tokens of several sequences ("segments") as consecutive rows; every launcher is
-// asynchronous on `stream` and returns the launch error (cudaSuccess when queued). Inputs of
-// cuBLAS GEMMs are `GemmInput` (bf16 or float32, as the weights); the GEMMs themselves are run by
-// the engine.
+// asynchronous on `stream` and returns the launch error (cudaSuccess when queued). The inputs of
+// the dense layers' products are bf16 or float32, as the weights; products of more rows than
+// SkinnyGemm takes run on cuBLAS (server/engine/cuda_gemm.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -157,6 +157,15 @@ struct SamplingRow {
 // ids[r], logprobs[r]: the token chosen from logits row r [rows, V] and its raw log-softmax.
 cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
                          int32_t* ids, float* logprobs, cudaStream_t stream);
+
+// y [rows, out] (+)= x [rows, in] · wᵀ for w row-major [out, in] and x of `type` (bf16 or float32),
+// summed in float32, for rows ≤ kMaxSkinnyGemmRows: decode at small batch, where a product is
+// bound by reading w. SkinnyGemmFits tells whether it applies (in a multiple of the 16-byte
+// vector, x and w 16-byte aligned); otherwise SkinnyGemm returns cudaErrorNotSupported.
+inline constexpr int kMaxSkinnyGemmRows = 4;
+bool SkinnyGemmFits(int rows, int in, ElementType type, const void* x, const void* w);
+cudaError_t SkinnyGemm(int rows, const void* x, const void* w, int in, int out, ElementType type,
+                       float* y, bool accumulate, cudaStream_t stream);
 
 // float32 → bf16, elementwise (weights at load time).
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);

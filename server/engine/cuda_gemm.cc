@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "kernels/cuda_ops.h"
+
 namespace ttt {
 namespace {
 
@@ -72,6 +74,13 @@ absl::StatusOr<std::unique_ptr<CudaGemm::Plan>> CudaGemm::MakePlan(const GemmSha
 absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w, float* y) {
   if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
     return absl::InternalError("GEMM operands must be 256-byte aligned");
+  }
+  const auto type = bfloat16_ ? kernels::cuda::ElementType::kBFloat16
+                              : kernels::cuda::ElementType::kFloat32;
+  if (kernels::cuda::SkinnyGemmFits(shape.rows, shape.in, type, x, w)) {
+    TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, x, w, shape.in, shape.out, type, y,
+                                       shape.accumulate, stream_));
+    return absl::OkStatus();
   }
   auto found = plans_.find(shape);
   if (found == plans_.end()) {

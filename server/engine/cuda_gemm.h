@@ -1,8 +1,9 @@
-// The dense layers' products on cuBLASLt: y [rows, out] (+)= x [rows, in] · wᵀ, for row-major
-// weights w [out, in] and inputs x in bf16 (or both in float32, multiplied in true float32: no
-// TF32) and float32 outputs.
+// The dense layers' products: y [rows, out] (+)= x [rows, in] · wᵀ, for row-major weights
+// w [out, in] and inputs x in bf16 (or both in float32, multiplied in true float32: no TF32) and
+// float32 outputs. A few rows (decode at small batch) go to SkinnyGemm, which streams w at the
+// memory's pace where cuBLASLt's kernels reach two thirds of it; the rest to cuBLASLt.
 //
-// Each shape is planned once (its descriptors and the heuristic's kernel) and the plan kept, so a
+// Each cuBLASLt shape is planned once (its descriptors and the heuristic's kernel) and the plan kept, so a
 // step's host work is one cublasLtMatmul per product and a shape always computes the same way.
 // The workspace is fixed: nothing is allocated while a decode step is captured in a graph.
 #pragma once
