@@ -1,15 +1,19 @@
 // The dense layers' products for a few rows (decode at small batch): y [rows, out] (+)= x · wᵀ
 // with w row-major [out, in]. With so few rows a product is a stream of w's bytes, and what
-// matters is keeping enough of them in flight: each warp reads whole rows of w in 16-byte loads,
-// several loads ahead, and multiplies them into every input row at once.
+// matters is keeping enough of them in flight:
+// - each warp reads rows of w in 16-byte loads, kLoadsAhead of them per row in flight a lane,
+//   and multiplies them into every input row (read from L1) at once;
+// - wide rows are split among a block's warps, so that every warp's share is about one round of
+//   loads, and the shares meet in shared memory;
+// - the first loads go out before the previous kernel ends (programmatic launch).
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
-constexpr int kOutputsPerWarp = 2;  // x's loads (from L1) are shared by two rows of w.
-constexpr int kLoadsAhead = 8;      // 16-byte loads of each row of w in flight per lane.
+constexpr int kOutputsPerWarp = 2;  // x's loads are shared by two rows of w.
+constexpr int kLoadsAhead = 8;
 
 // A 16-byte vector of w or x: eight bf16 or four float32.
 template <typename T>
@@ -32,48 +36,52 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], const fl
   out[0] = p.x, out[1] = p.y, out[2] = p.z, out[3] = p.w;
 }
 
-// Warp w of the grid computes outputs kOutputsPerWarp·w + j; lane l takes the row's vectors
-// l, l + 32, … and the lanes' partial sums meet in a warp reduction.
+// A block's warps form kWarpsPerBlock / splits groups of `splits` warps, each group computing
+// kOutputsPerWarp outputs: warp `part` of a group takes the part-th share of the row's vectors,
+// lane l the vectors l, l + 32, … of that share.
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
-    SkinnyGemmKernel(const uint4* x, const uint4* w, int vectors, int out, float* y,
+    SkinnyGemmKernel(const uint4* x, const uint4* w, int vectors, int out, int splits, float* y,
                      bool accumulate) {
   constexpr int kElements = Vector<T>::kElements;
-  const int lane = threadIdx.x % kWarp;
-  const int first = (blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kOutputsPerWarp;
-  if (first >= out) return;
+  __shared__ float partial[kWarpsPerBlock][kOutputsPerWarp][kRows];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int group = warp / splits, part = warp % splits;
+  const int share = (vectors + splits - 1) / splits;
+  const int begin = part * share, end = min(vectors, begin + share);
+  const int first = (blockIdx.x * kWarpsPerBlock / splits + group) * kOutputsPerWarp;
   const uint4* w_rows[kOutputsPerWarp];
 #pragma unroll
   for (int j = 0; j < kOutputsPerWarp; ++j) {
-    // A warp past the last output reads the last row again and writes nothing for it.
+    // Outputs past the last read the last row again and write nothing.
     w_rows[j] = w + static_cast<int64_t>(min(first + j, out - 1)) * vectors;
   }
 
-  // The first loads of w need nothing from the previous kernel: they are in flight while it ends.
   uint4 wv[kOutputsPerWarp][kLoadsAhead];
   auto load_w = [&](int base) {
 #pragma unroll
-    for (int a = 0; a < kLoadsAhead; ++a) {
-      const int v = base + a * kWarp + lane;
+    for (int j = 0; j < kOutputsPerWarp; ++j) {
 #pragma unroll
-      for (int j = 0; j < kOutputsPerWarp; ++j) {
-        wv[j][a] = v < vectors ? __ldcs(w_rows[j] + v) : make_uint4(0, 0, 0, 0);
+      for (int a = 0; a < kLoadsAhead; ++a) {
+        const int v = base + a * kWarp + lane;
+        wv[j][a] = v < end ? __ldcs(w_rows[j] + v) : make_uint4(0, 0, 0, 0);
       }
     }
   };
-  load_w(0);
-  WaitForPreviousKernel();
 
+  load_w(begin);  // w needs nothing from the previous kernel.
+  WaitForPreviousKernel();
   float sum[kOutputsPerWarp][kRows] = {};
-  for (int base = 0;;) {
+  for (int base = begin;;) {
 #pragma unroll
     for (int a = 0; a < kLoadsAhead; ++a) {
       const int v = base + a * kWarp + lane;
-      if (v >= vectors) break;
+      if (v >= end) break;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         float xf[kElements];
-        Unpack(__ldg(x + static_cast<int64_t>(r) * vectors + v), xf, static_cast<const T*>(nullptr));
+        Unpack(__ldg(x + static_cast<int64_t>(r) * vectors + v), xf,
+               static_cast<const T*>(nullptr));
 #pragma unroll
         for (int j = 0; j < kOutputsPerWarp; ++j) {
           float wf[kElements];
@@ -84,7 +92,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
       }
     }
     base += kLoadsAhead * kWarp;
-    if (base >= vectors) break;
+    if (base >= end) break;
     load_w(base);
   }
 
@@ -93,22 +101,32 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float total = WarpSum(sum[j][r]);
-      if (lane == 0 && first + j < out) {
-        float& target = y[static_cast<int64_t>(r) * out + first + j];
-        target = accumulate ? target + total : total;
-      }
+      if (lane == 0) partial[warp][j][r] = total;
+    }
+  }
+  __syncthreads();
+  if (part == 0 && lane < kOutputsPerWarp * kRows) {
+    const int j = lane / kRows, r = lane % kRows, o = first + j;
+    float total = 0;
+    for (int p = 0; p < splits; ++p) total += partial[warp + p][j][r];
+    if (o < out) {
+      float& target = y[static_cast<int64_t>(r) * out + o];
+      target = accumulate ? target + total : total;
     }
   }
 }
 
 template <typename T, int kRows>
 cudaError_t LaunchRows(const void* x, const void* w, int in, int out, float* y, bool accumulate,
-                   cudaStream_t stream) {
-  constexpr int kOutputsPerBlock = kWarpsPerBlock * kOutputsPerWarp;
-  const int blocks = (out + kOutputsPerBlock - 1) / kOutputsPerBlock;
-  return Launch(SkinnyGemmKernel<T, kRows>, blocks, kWarpsPerBlock * kWarp, 0, stream,
-                static_cast<const uint4*>(x), static_cast<const uint4*>(w),
-                in / Vector<T>::kElements, out, y, accumulate);
+                       cudaStream_t stream) {
+  // Split a row among as many warps (1, 2 or 4) as it takes rounds of loads.
+  const int vectors = in / Vector<T>::kElements;
+  const int rounds = (vectors + kLoadsAhead * kWarp - 1) / (kLoadsAhead * kWarp);
+  const int splits = rounds <= 1 ? 1 : (rounds == 2 ? 2 : kWarpsPerBlock);
+  const int outputs_per_block = kWarpsPerBlock / splits * kOutputsPerWarp;
+  return Launch(SkinnyGemmKernel<T, kRows>, (out + outputs_per_block - 1) / outputs_per_block,
+                kWarpsPerBlock * kWarp, 0, stream, static_cast<const uint4*>(x),
+                static_cast<const uint4*>(w), vectors, out, splits, y, accumulate);
 }
 
 template <typename T>

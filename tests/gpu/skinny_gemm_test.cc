@@ -98,8 +98,11 @@ std::vector<Case> Cases() {
   std::vector<Case> cases;
   for (const cu::ElementType type : {cu::ElementType::kBFloat16, cu::ElementType::kFloat32}) {
     for (const int rows : {1, 2, 4}) {
-      // A model's shapes (d = 2048, I = 5504), a width below one vector a lane, odd outputs.
+      // A model's shapes (d = 2048, I = 5504): rows split among 1, 2 (float32) or 4 warps, and
+      // more outputs than the resident blocks take at once. Then a width below one vector a
+      // lane, and odd output counts.
       cases.push_back({rows, 2048, 2048, type, true});
+      cases.push_back({rows, 2048, 11008, type, false});
       cases.push_back({rows, 5504, 257, type, false});
       cases.push_back({rows, 72, 9, type, true});
       cases.push_back({rows, 1024, 1, type, false});
