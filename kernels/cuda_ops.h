@@ -136,7 +136,8 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
                          float eps, const float* gate, int64_t gate_ld, void* y,
                          ElementType out_type, cudaStream_t stream);
 
-// out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I] = [gate | up].
+// out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I], whose columns
+// interleave gate and up: (g0, u0, g1, u1, …).
 cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
                    cudaStream_t stream);
 
@@ -158,14 +159,39 @@ struct SamplingRow {
 cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
                          int32_t* ids, float* logprobs, cudaStream_t stream);
 
-// y [rows, out] (+)= x [rows, in] · wᵀ for w row-major [out, in] and x of `type` (bf16 or float32),
-// summed in float32, for rows ≤ kMaxSkinnyGemmRows: decode at small batch, where a product is
-// bound by reading w. SkinnyGemmFits tells whether it applies (in a multiple of the 16-byte
-// vector, x and w 16-byte aligned); otherwise SkinnyGemm returns cudaErrorNotSupported.
+// How a dense product's input rows [rows, in] are made: given as they are, or the RMSNorm of
+// float32 rows (as RmsNorm writes it), or their LayerNorm times gelu(gate) (as PostNormGate).
+struct ProductInput {
+  enum class Kind { kRows, kRmsNorm, kLayerNormGate };
+  Kind kind = Kind::kRows;
+  const void* rows = nullptr;      // kRows: [rows, in], of the product's element type.
+  const float* source = nullptr;   // The norms: float32 [rows, in].
+  const float* weight = nullptr;   // The norm's gain [in],
+  const float* bias = nullptr;     // and LayerNorm's bias [in].
+  float eps = 0;
+  const float* gate = nullptr;     // kLayerNormGate: [rows, gate_ld], or nullptr for no gate.
+  int64_t gate_ld = 0;
+};
+
+// Writes a norm's input rows into x [rows, in] (of `type`), by RmsNorm or PostNormGate.
+cudaError_t MakeProductInput(const ProductInput& input, int rows, int in, void* x,
+                             ElementType type, cudaStream_t stream);
+
+// What a product writes: y [rows, out] = p or y += p (float32), for p = x · wᵀ; or, with w's rows
+// interleaving the feed-forward's gate and up rows (g0, u0, g1, u1, …), the SwiGLU
+// silu(p[2j]) · p[2j + 1] into y [rows, out / 2] of the product's element type.
+enum class ProductOutput { kStore, kAccumulate, kSwiGlu };
+
+// The dense products of a few rows (rows ≤ kMaxSkinnyGemmRows: decode at small batch, where a
+// product is bound by reading w): p = x · wᵀ for w row-major [out, in] of `type` (bf16 or
+// float32), summed in float32, with the input's norm made inside the product. SkinnyGemmFits
+// tells whether it applies (in whole 16-byte vectors, operands 16-byte aligned, a norm's rows
+// within 48 KB); otherwise SkinnyGemm returns cudaErrorNotSupported.
 inline constexpr int kMaxSkinnyGemmRows = 4;
-bool SkinnyGemmFits(int rows, int in, ElementType type, const void* x, const void* w);
-cudaError_t SkinnyGemm(int rows, const void* x, const void* w, int in, int out, ElementType type,
-                       float* y, bool accumulate, cudaStream_t stream);
+bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType type,
+                    const void* w);
+cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,
+                       ElementType type, ProductOutput output, void* y, cudaStream_t stream);
 
 // float32 → bf16, elementwise (weights at load time).
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);

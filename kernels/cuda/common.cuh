@@ -32,10 +32,34 @@ __device__ __forceinline__ float Gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
+// The feed-forward's activation: silu(gate) · up.
+__device__ __forceinline__ float Swish(float gate, float up) {
+  return gate / (1.0f + expf(-gate)) * up;
+}
+
 __device__ __forceinline__ float GeluDerivative(float x) {
   const float t = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
   return 0.5f * x * (1.0f - t * t) * (0.7978845608f + 0.1070322243f * x * x) + 0.5f * (1.0f + t);
 }
+
+// Four floats at a time.
+__device__ __forceinline__ float Sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+__device__ __forceinline__ float Dot4(float4 a, float4 b) {
+  return (a.x * b.x + a.y * b.y) + (a.z * b.z + a.w * b.w);
+}
+__device__ __forceinline__ float4 operator*(float s, float4 v) {
+  return make_float4(s * v.x, s * v.y, s * v.z, s * v.w);
+}
+__device__ __forceinline__ float4 operator+(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ float4 operator-(float4 a, float4 b) {
+  return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
+}
+__device__ __forceinline__ float4 operator*(float4 a, float4 b) {
+  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+__device__ __forceinline__ float4 Broadcast4(float s) { return make_float4(s, s, s, s); }
 
 __device__ __forceinline__ void Store(void* out, int64_t i, float v, ElementType type) {
   if (type == ElementType::kBFloat16) {

@@ -88,4 +88,18 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
                 gate_ld, y, out_type);
 }
 
+cudaError_t MakeProductInput(const ProductInput& input, int rows, int in, void* x,
+                             ElementType type, cudaStream_t stream) {
+  switch (input.kind) {
+    case ProductInput::Kind::kRmsNorm:
+      return RmsNorm(input.source, rows, in, input.weight, input.eps, x, type, stream);
+    case ProductInput::Kind::kLayerNormGate:
+      return PostNormGate(input.source, rows, in, input.weight, input.bias, input.eps, input.gate,
+                          input.gate_ld, x, type, stream);
+    case ProductInput::Kind::kRows:
+      break;
+  }
+  return cudaErrorInvalidValue;  // Given rows are made already.
+}
+
 }  // namespace ttt::kernels::cuda

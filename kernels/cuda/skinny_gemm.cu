@@ -1,25 +1,38 @@
-// The dense layers' products for a few rows (decode at small batch): y [rows, out] (+)= x · wᵀ
-// with w row-major [out, in]. With so few rows a product is a stream of w's bytes, and what
-// matters is keeping enough of them in flight:
+// The dense layers' products for a few rows (decode at small batch): p = x · wᵀ with w row-major
+// [out, in]. With so few rows a product is a stream of w's bytes, and what matters is keeping
+// enough of them in flight:
 // - each warp reads rows of w in 16-byte loads, kLoadsAhead of them per row in flight a lane,
-//   and multiplies them into every input row (read from L1) at once;
+//   and multiplies them into every input row at once;
 // - wide rows are split among a block's warps, so that every warp's share is about one round of
 //   loads, and the shares meet in shared memory;
 // - the first loads go out before the previous kernel ends (programmatic launch).
+// A normed input is made by each block into shared memory while those loads are in flight, so
+// the norm costs no kernel of its own; and the SwiGLU of an interleaved gate/up product is taken
+// where its two sums meet.
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
 
+using Kind = ProductInput::Kind;
+
 constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * kWarp;
 constexpr int kOutputsPerWarp = 2;  // x's loads are shared by two rows of w.
 constexpr int kLoadsAhead = 8;
+constexpr size_t kMaxMadeInputBytes = 48 * 1024;  // Shared memory without opting in.
 
 // A 16-byte vector of w or x: eight bf16 or four float32.
 template <typename T>
-struct Vector {
-  static constexpr int kElements = 16 / sizeof(T);
-};
+inline constexpr int kElements = 16 / sizeof(T);
+
+int ElementsPerVector(ElementType type) {
+  return type == ElementType::kBFloat16 ? kElements<__nv_bfloat16> : kElements<float>;
+}
+
+size_t ElementBytes(ElementType type) {
+  return type == ElementType::kBFloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
+}
 
 __device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], const __nv_bfloat16*) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -36,14 +49,86 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], const fl
   out[0] = p.x, out[1] = p.y, out[2] = p.z, out[3] = p.w;
 }
 
+__device__ __forceinline__ void StoreAs(__nv_bfloat16* x, int i, float v) {
+  x[i] = __float2bfloat16(v);
+}
+__device__ __forceinline__ void StoreAs(float* x, int i, float v) { x[i] = v; }
+
+// Sums of v[i] over the block for every i at once: one pair of barriers for all the rows.
+template <int kN>
+__device__ __forceinline__ void BlockSums(float (&v)[kN], float (*scratch)[kWarp]) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = WarpSum(v[i]);
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) scratch[i][warp] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = WarpSum(lane < kWarpsPerBlock ? scratch[i][lane] : 0.0f);
+}
+
+// The block writes the normed input rows [kRows, in] into x, as RmsNormKernel and
+// PostNormGateKernel compute them (in % 4 == 0; the sources 16-byte aligned). Every row's
+// statistics are reduced together.
+template <typename T, int kRows, Kind kInput>
+__device__ void MakeInputRows(const ProductInput& input, int in, T* x) {
+  __shared__ float scratch[kRows][kWarp];
+  const int quads = in / 4;
+  auto row = [&](int r) {
+    return reinterpret_cast<const float4*>(input.source + static_cast<int64_t>(r) * in);
+  };
+  const float4* weight = reinterpret_cast<const float4*>(input.weight);
+  const float4* bias = reinterpret_cast<const float4*>(input.bias);
+  float mean[kRows] = {}, scale[kRows] = {};
+  if constexpr (kInput == Kind::kLayerNormGate) {
+    for (int q = threadIdx.x; q < quads; q += kThreads) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) mean[r] += Sum4(row(r)[q]);
+    }
+    BlockSums(mean, scratch);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) mean[r] /= in;
+  }
+  for (int q = threadIdx.x; q < quads; q += kThreads) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 c = row(r)[q] - Broadcast4(mean[r]);
+      scale[r] += Dot4(c, c);
+    }
+  }
+  BlockSums(scale, scratch);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) scale[r] = rsqrtf(scale[r] / in + input.eps);
+
+  for (int q = threadIdx.x; q < quads; q += kThreads) {
+    const float4 g = weight[q];
+    const float4 b = kInput == Kind::kLayerNormGate ? bias[q] : Broadcast4(0.0f);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 c = row(r)[q] - Broadcast4(mean[r]);
+      const float normed[4] = {c.x * scale[r] * g.x + b.x, c.y * scale[r] * g.y + b.y,
+                               c.z * scale[r] * g.z + b.z, c.w * scale[r] * g.w + b.w};
+      const bool gated = kInput == Kind::kLayerNormGate && input.gate != nullptr;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        StoreAs(x + r * in, 4 * q + i,
+                gated ? Gelu(input.gate[r * input.gate_ld + 4 * q + i]) * normed[i] : normed[i]);
+      }
+    }
+  }
+}
+
 // A block's warps form kWarpsPerBlock / splits groups of `splits` warps, each group computing
 // kOutputsPerWarp outputs: warp `part` of a group takes the part-th share of the row's vectors,
 // lane l the vectors l, l + 32, … of that share.
-template <typename T, int kRows>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
-    SkinnyGemmKernel(const uint4* x, const uint4* w, int vectors, int out, int splits, float* y,
-                     bool accumulate) {
-  constexpr int kElements = Vector<T>::kElements;
+template <typename T, int kRows, Kind kInput, bool kSwiGlu>
+__global__ void __launch_bounds__(kThreads)
+    SkinnyGemmKernel(ProductInput input, const uint4* w, int vectors, int out, int splits,
+                     void* y, bool accumulate) {
+  extern __shared__ uint4 made_input[];  // [kRows, vectors]: the normed input, made here.
   __shared__ float partial[kWarpsPerBlock][kOutputsPerWarp][kRows];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int group = warp / splits, part = warp % splits;
@@ -71,6 +156,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
 
   load_w(begin);  // w needs nothing from the previous kernel.
   WaitForPreviousKernel();
+  const uint4* x = static_cast<const uint4*>(input.rows);
+  if constexpr (kInput != Kind::kRows) {
+    MakeInputRows<T, kRows, kInput>(input, vectors * kElements<T>,
+                                    reinterpret_cast<T*>(made_input));
+    __syncthreads();
+    x = made_input;
+  }
+
   float sum[kOutputsPerWarp][kRows] = {};
   for (int base = begin;;) {
 #pragma unroll
@@ -79,15 +172,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
       if (v >= end) break;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        float xf[kElements];
-        Unpack(__ldg(x + static_cast<int64_t>(r) * vectors + v), xf,
-               static_cast<const T*>(nullptr));
+        float xf[kElements<T>];
+        const int64_t at = static_cast<int64_t>(r) * vectors + v;
+        if constexpr (kInput == Kind::kRows) {
+          Unpack(__ldg(x + at), xf, static_cast<const T*>(nullptr));
+        } else {
+          Unpack(x[at], xf, static_cast<const T*>(nullptr));
+        }
 #pragma unroll
         for (int j = 0; j < kOutputsPerWarp; ++j) {
-          float wf[kElements];
+          float wf[kElements<T>];
           Unpack(wv[j][a], wf, static_cast<const T*>(nullptr));
 #pragma unroll
-          for (int e = 0; e < kElements; ++e) sum[j][r] = fmaf(xf[e], wf[e], sum[j][r]);
+          for (int e = 0; e < kElements<T>; ++e) sum[j][r] = fmaf(xf[e], wf[e], sum[j][r]);
         }
       }
     }
@@ -105,37 +202,69 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
     }
   }
   __syncthreads();
-  if (part == 0 && lane < kOutputsPerWarp * kRows) {
-    const int j = lane / kRows, r = lane % kRows, o = first + j;
-    float total = 0;
-    for (int p = 0; p < splits; ++p) total += partial[warp + p][j][r];
-    if (o < out) {
-      float& target = y[static_cast<int64_t>(r) * out + o];
-      target = accumulate ? target + total : total;
+  if (part != 0 || lane >= kRows || first >= out) return;
+  const int r = lane;
+  float total[kOutputsPerWarp] = {};
+  for (int p = 0; p < splits; ++p) {
+#pragma unroll
+    for (int j = 0; j < kOutputsPerWarp; ++j) total[j] += partial[warp + p][j][r];
+  }
+  if constexpr (kSwiGlu) {  // first is even: (gate, up) of output first / 2.
+    StoreAs(static_cast<T*>(y), r * (out / 2) + first / 2, Swish(total[0], total[1]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kOutputsPerWarp; ++j) {
+      if (first + j >= out) break;
+      float& target = static_cast<float*>(y)[static_cast<int64_t>(r) * out + first + j];
+      target = accumulate ? target + total[j] : total[j];
     }
   }
 }
 
-template <typename T, int kRows>
-cudaError_t LaunchRows(const void* x, const void* w, int in, int out, float* y, bool accumulate,
-                       cudaStream_t stream) {
+template <typename T, int kRows, Kind kInput, bool kSwiGlu>
+cudaError_t LaunchKernel(const ProductInput& input, const void* w, int in, int out, void* y,
+                         bool accumulate, cudaStream_t stream) {
   // Split a row among as many warps (1, 2 or 4) as it takes rounds of loads.
-  const int vectors = in / Vector<T>::kElements;
+  const int vectors = in / kElements<T>;
   const int rounds = (vectors + kLoadsAhead * kWarp - 1) / (kLoadsAhead * kWarp);
   const int splits = rounds <= 1 ? 1 : (rounds == 2 ? 2 : kWarpsPerBlock);
   const int outputs_per_block = kWarpsPerBlock / splits * kOutputsPerWarp;
-  return Launch(SkinnyGemmKernel<T, kRows>, (out + outputs_per_block - 1) / outputs_per_block,
-                kWarpsPerBlock * kWarp, 0, stream, static_cast<const uint4*>(x),
-                static_cast<const uint4*>(w), vectors, out, splits, y, accumulate);
+  const size_t made_bytes = kInput == Kind::kRows ? 0 : sizeof(T) * kRows * in;
+  return Launch(SkinnyGemmKernel<T, kRows, kInput, kSwiGlu>,
+                (out + outputs_per_block - 1) / outputs_per_block, kThreads, made_bytes, stream,
+                input, static_cast<const uint4*>(w), vectors, out, splits, y, accumulate);
+}
+
+// The kernels built: given rows, or a norm's, into a plain product; an RMSNorm's into the
+// feed-forward's gate/up product.
+template <typename T, int kRows>
+cudaError_t LaunchForInput(const ProductInput& input, const void* w, int in, int out,
+                           ProductOutput output, void* y, cudaStream_t stream) {
+  const bool accumulate = output == ProductOutput::kAccumulate;
+  if (output == ProductOutput::kSwiGlu) {
+    if (input.kind != Kind::kRmsNorm) return cudaErrorNotSupported;
+    return LaunchKernel<T, kRows, Kind::kRmsNorm, true>(input, w, in, out, y, false, stream);
+  }
+  switch (input.kind) {
+    case Kind::kRows:
+      return LaunchKernel<T, kRows, Kind::kRows, false>(input, w, in, out, y, accumulate, stream);
+    case Kind::kRmsNorm:
+      return LaunchKernel<T, kRows, Kind::kRmsNorm, false>(input, w, in, out, y, accumulate,
+                                                           stream);
+    case Kind::kLayerNormGate:
+      return LaunchKernel<T, kRows, Kind::kLayerNormGate, false>(input, w, in, out, y, accumulate,
+                                                                 stream);
+  }
+  return cudaErrorNotSupported;
 }
 
 template <typename T>
-cudaError_t LaunchFor(int rows, const void* x, const void* w, int in, int out, float* y,
-                      bool accumulate, cudaStream_t stream) {
+cudaError_t LaunchForRows(int rows, const ProductInput& input, const void* w, int in, int out,
+                          ProductOutput output, void* y, cudaStream_t stream) {
   switch (rows) {
-    case 1: return LaunchRows<T, 1>(x, w, in, out, y, accumulate, stream);
-    case 2: return LaunchRows<T, 2>(x, w, in, out, y, accumulate, stream);
-    case 4: return LaunchRows<T, 4>(x, w, in, out, y, accumulate, stream);
+    case 1: return LaunchForInput<T, 1>(input, w, in, out, output, y, stream);
+    case 2: return LaunchForInput<T, 2>(input, w, in, out, output, y, stream);
+    case 4: return LaunchForInput<T, 4>(input, w, in, out, output, y, stream);
     default: return cudaErrorNotSupported;
   }
 }
@@ -144,20 +273,28 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-bool SkinnyGemmFits(int rows, int in, ElementType type, const void* x, const void* w) {
-  const int elements = type == ElementType::kBFloat16 ? Vector<__nv_bfloat16>::kElements
-                                                      : Vector<float>::kElements;
-  return rows >= 1 && rows <= kMaxSkinnyGemmRows && in % elements == 0 && Aligned16(x) &&
-         Aligned16(w);
+bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType type,
+                    const void* w) {
+  if (rows < 1 || rows > kMaxSkinnyGemmRows || (rows & (rows - 1)) != 0 ||
+      in % ElementsPerVector(type) != 0 || !Aligned16(w)) {
+    return false;
+  }
+  if (input.kind == Kind::kRows) return Aligned16(input.rows);
+  const bool gate_fits = input.kind != Kind::kLayerNormGate || input.gate == nullptr ||
+                         (Aligned16(input.gate) && input.gate_ld % 4 == 0);
+  return in % 4 == 0 && Aligned16(input.source) && Aligned16(input.weight) &&
+         (input.kind != Kind::kLayerNormGate || Aligned16(input.bias)) && gate_fits &&
+         ElementBytes(type) * rows * in <= kMaxMadeInputBytes;
 }
 
-cudaError_t SkinnyGemm(int rows, const void* x, const void* w, int in, int out, ElementType type,
-                       float* y, bool accumulate, cudaStream_t stream) {
-  if (!SkinnyGemmFits(rows, in, type, x, w)) return cudaErrorNotSupported;
+cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,
+                       ElementType type, ProductOutput output, void* y, cudaStream_t stream) {
+  if (!SkinnyGemmFits(rows, input, in, type, w)) return cudaErrorNotSupported;
+  if (output == ProductOutput::kSwiGlu && out % 2 != 0) return cudaErrorInvalidValue;
   if (out == 0) return cudaSuccess;
   return type == ElementType::kBFloat16
-             ? LaunchFor<__nv_bfloat16>(rows, x, w, in, out, y, accumulate, stream)
-             : LaunchFor<float>(rows, x, w, in, out, y, accumulate, stream);
+             ? LaunchForRows<__nv_bfloat16>(rows, input, w, in, out, output, y, stream)
+             : LaunchForRows<float>(rows, input, w, in, out, output, y, stream);
 }
 
 }  // namespace ttt::kernels::cuda

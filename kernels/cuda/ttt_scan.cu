@@ -273,24 +273,6 @@ __device__ __forceinline__ float RowGroupSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float Sum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-__device__ __forceinline__ float Dot4(float4 a, float4 b) {
-  return (a.x * b.x + a.y * b.y) + (a.z * b.z + a.w * b.w);
-}
-__device__ __forceinline__ float4 operator*(float s, float4 v) {
-  return make_float4(s * v.x, s * v.y, s * v.z, s * v.w);
-}
-__device__ __forceinline__ float4 operator+(float4 a, float4 b) {
-  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-__device__ __forceinline__ float4 operator-(float4 a, float4 b) {
-  return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
-}
-__device__ __forceinline__ float4 operator*(float4 a, float4 b) {
-  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
-}
-__device__ __forceinline__ float4 Broadcast4(float s) { return make_float4(s, s, s, s); }
-
 // LayerNorm over the f columns of a row held four columns a lane: returns x − mean, and 1/σ.
 template <int kF>
 __device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_std) {

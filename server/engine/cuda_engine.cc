@@ -50,7 +50,20 @@ class DecodeGraph {
 // GEMM operands (weights and the activations fed to them) are in the weight precision. The
 // projections that read the same input are stacked into one weight, one GEMM each:
 // in_proj = [W_q; W_k; W_v; W_g; w_lr] (k and g when the model has them; see
-// ProjectionColumns) and gate_up = [W_gate; W_up].
+// ProjectionColumns) and gate_up, whose rows interleave W_gate's and W_up's (gate row j, then up
+// row j), so that a product's two sums for output j of the feed-forward meet in one warp.
+// Rows of a and b [n, width] taken in turn: a's row 0, b's row 0, a's row 1, …
+std::vector<float> InterleavedRows(std::span<const float> a, std::span<const float> b,
+                                   int64_t width) {
+  std::vector<float> rows;
+  rows.reserve(a.size() + b.size());
+  for (size_t at = 0; at < a.size(); at += width) {
+    rows.insert(rows.end(), a.begin() + at, a.begin() + at + width);
+    rows.insert(rows.end(), b.begin() + at, b.begin() + at + width);
+  }
+  return rows;
+}
+
 struct LayerWeights {
   const float *conv_norm = nullptr, *conv_w = nullptr, *conv_b = nullptr;  // pre_conv
   const float* seq_norm = nullptr;
@@ -178,6 +191,14 @@ class CudaEngine : public Engine {
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
+  // y (+)= input · wᵀ for an input made by a norm: one SkinnyGemm, the norm made inside it, where
+  // it fits (decode at small batch); otherwise the norm's kernel writes the input rows into
+  // `staging` and Gemm multiplies them.
+  absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
+                       int64_t out, float* y, bool accumulate, void* staging);
+  // The feed-forward's activation [rows, I] = SwiGLU(input · gate_upᵀ), in act.
+  absl::Status GateUpProduct(const cu::ProductInput& input, int64_t rows, const void* gate_up,
+                             void* act);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
 
   std::shared_ptr<const Model> model_;
@@ -403,9 +424,9 @@ absl::Status CudaEngine::UploadWeights() {
     TTT_ASSIGN_OR_RETURN(w.post_norm_w, UploadFloats(ttt("post_norm.weight")));
     TTT_ASSIGN_OR_RETURN(w.post_norm_b, UploadFloats(ttt("post_norm.bias")));
     TTT_ASSIGN_OR_RETURN(w.ffn_norm, UploadFloats(layer("ffn_norm.weight")));
-    TTT_ASSIGN_OR_RETURN(
-        w.gate_up,
-        UploadGemmWeight(stacked({layer("mlp.gate_proj.weight"), layer("mlp.up_proj.weight")})));
+    TTT_ASSIGN_OR_RETURN(w.gate_up, UploadGemmWeight(InterleavedRows(layer("mlp.gate_proj.weight"),
+                                                                     layer("mlp.up_proj.weight"),
+                                                                     D)));
     TTT_ASSIGN_OR_RETURN(w.down_proj, UploadGemmWeight(layer("mlp.down_proj.weight")));
     TTT_ASSIGN_OR_RETURN(w.tau, UploadFloats(WindowStepScales(c, model_->weights, i)));
   }
@@ -627,6 +648,36 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
                     y);
 }
 
+absl::Status CudaEngine::Product(const cu::ProductInput& input, int64_t rows, int64_t in,
+                                 const void* w, int64_t out, float* y, bool accumulate,
+                                 void* staging) {
+  if (rows == 0) return absl::OkStatus();
+  if (cu::SkinnyGemmFits(GemmRows(rows), input, in, gemm_type(), w)) {
+    TTT_CUDA(cu::SkinnyGemm(GemmRows(rows), input, w, in, out, gemm_type(),
+                            accumulate ? cu::ProductOutput::kAccumulate : cu::ProductOutput::kStore,
+                            y, stream_));
+    return absl::OkStatus();
+  }
+  TTT_CUDA(cu::MakeProductInput(input, rows, in, staging, gemm_type(), stream_));
+  return Gemm(staging, rows, in, w, out, y, accumulate);
+}
+
+absl::Status CudaEngine::GateUpProduct(const cu::ProductInput& input, int64_t rows,
+                                       const void* gate_up, void* act) {
+  const int64_t D = model_->config.hidden_size, I = model_->config.intermediate_size;
+  if (rows == 0) return absl::OkStatus();
+  if (cu::SkinnyGemmFits(GemmRows(rows), input, D, gemm_type(), gate_up)) {
+    TTT_CUDA(cu::SkinnyGemm(GemmRows(rows), input, gate_up, D, 2 * I, gemm_type(),
+                            cu::ProductOutput::kSwiGlu, act, stream_));
+    return absl::OkStatus();
+  }
+  Scratch& s = scratch_;
+  TTT_CUDA(cu::MakeProductInput(input, rows, D, s.x.get(), gemm_type(), stream_));
+  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, gate_up, 2 * I, s.ffn.get<float>(), false));
+  TTT_CUDA(cu::SwiGlu(s.ffn.get<float>(), rows, I, act, gemm_type(), stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::Forward(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::vector<float>* logits) {
   if (!pending_.empty()) return StepInFlightError();
@@ -819,10 +870,12 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
                             s.final_rows.get<float>(), stream_));
     final_rows = s.final_rows.get<float>();
   }
-  TTT_CUDA(cu::RmsNorm(final_rows, logit_rows, D, final_norm_, c.rms_norm_eps, s.final_in.get(),
-                       gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(
-      Gemm(s.final_in.get(), logit_rows, D, lm_head_, V, s.logits.get<float>(), false));
+  const cu::ProductInput final_norm{.kind = cu::ProductInput::Kind::kRmsNorm,
+                                    .source = final_rows,
+                                    .weight = final_norm_,
+                                    .eps = static_cast<float>(c.rms_norm_eps)};
+  TTT_RETURN_IF_ERROR(Product(final_norm, logit_rows, D, lm_head_, V, s.logits.get<float>(),
+                              /*accumulate=*/false, s.final_in.get()));
   if (sample) {
     TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V,
                               s.sampling.get<cu::SamplingRow>(), chosen_ids_.get<int32_t>(),
@@ -909,16 +962,21 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
         cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out, stream_));
   }
 
-  // Layer output (spec §3.8), added into h by the o_proj GEMM.
-  TTT_CUDA(cu::PostNormGate(ttt_out, rows, D, w.post_norm_w, w.post_norm_b, kLayerNormEps,
-                            c.use_gate ? proj + columns_.g : nullptr, columns_.ld, s.y_gemm.get(),
-                            gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, h, /*accumulate=*/true));
+  // Layer output (spec §3.8): its norm and gate, then o_proj, added into h.
+  const cu::ProductInput post_norm{.kind = cu::ProductInput::Kind::kLayerNormGate,
+                                   .source = ttt_out,
+                                   .weight = w.post_norm_w,
+                                   .bias = w.post_norm_b,
+                                   .eps = kLayerNormEps,
+                                   .gate = c.use_gate ? proj + columns_.g : nullptr,
+                                   .gate_ld = columns_.ld};
+  TTT_RETURN_IF_ERROR(
+      Product(post_norm, rows, D, w.o_proj, D, h, /*accumulate=*/true, s.y_gemm.get()));
 
   // SwiGLU feed-forward.
-  TTT_CUDA(cu::RmsNorm(h, rows, D, w.ffn_norm, rms_eps, s.x.get(), gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get<float>(), false));
-  TTT_CUDA(cu::SwiGlu(s.ffn.get<float>(), rows, I, s.ffn_act.get(), gemm_type(), stream_));
+  const cu::ProductInput ffn_norm{
+      .kind = cu::ProductInput::Kind::kRmsNorm, .source = h, .weight = w.ffn_norm, .eps = rms_eps};
+  TTT_RETURN_IF_ERROR(GateUpProduct(ffn_norm, rows, w.gate_up, s.ffn_act.get()));
   TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   return absl::OkStatus();
 }

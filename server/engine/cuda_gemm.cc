@@ -77,9 +77,12 @@ absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w,
   }
   const auto type = bfloat16_ ? kernels::cuda::ElementType::kBFloat16
                               : kernels::cuda::ElementType::kFloat32;
-  if (kernels::cuda::SkinnyGemmFits(shape.rows, shape.in, type, x, w)) {
-    TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, x, w, shape.in, shape.out, type, y,
-                                       shape.accumulate, stream_));
+  const kernels::cuda::ProductInput given{.rows = x};
+  if (kernels::cuda::SkinnyGemmFits(shape.rows, given, shape.in, type, w)) {
+    TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, given, w, shape.in, shape.out, type,
+                                       shape.accumulate ? kernels::cuda::ProductOutput::kAccumulate
+                                                        : kernels::cuda::ProductOutput::kStore,
+                                       y, stream_));
     return absl::OkStatus();
   }
   auto found = plans_.find(shape);
