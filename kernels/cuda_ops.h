@@ -182,11 +182,12 @@ cudaError_t MakeProductInput(const ProductInput& input, int rows, int in, void* 
 // silu(p[2j]) · p[2j + 1] into y [rows, out / 2] of the product's element type.
 enum class ProductOutput { kStore, kAccumulate, kSwiGlu };
 
-// The dense products of a few rows (rows ≤ kMaxSkinnyGemmRows: decode at small batch, where a
-// product is bound by reading w): p = x · wᵀ for w row-major [out, in] of `type` (bf16 or
-// float32), summed in float32, with the input's norm made inside the product. SkinnyGemmFits
-// tells whether it applies (in whole 16-byte vectors, operands 16-byte aligned, a norm's rows
-// within 48 KB); otherwise SkinnyGemm returns cudaErrorNotSupported.
+// The dense products of a few rows (1, 2 or 4 ≤ kMaxSkinnyGemmRows: decode at small batch, where
+// a product is bound by reading w): p = x · wᵀ for w row-major [out, in] of `type` (bf16 or
+// float32), summed in float32. For one row, the input's norm is made inside the product (and
+// the SwiGLU output takes an RMSNorm's input). SkinnyGemmFits tells whether it applies (in whole
+// 16-byte vectors, operands 16-byte aligned, a norm's row within 48 KB); otherwise SkinnyGemm
+// returns cudaErrorNotSupported.
 inline constexpr int kMaxSkinnyGemmRows = 4;
 bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType type,
                     const void* w);

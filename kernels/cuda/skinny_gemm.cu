@@ -6,9 +6,9 @@
 // - wide rows are split among a block's warps, so that every warp's share is about one round of
 //   loads, and the shares meet in shared memory;
 // - the first loads go out before the previous kernel ends (programmatic launch).
-// A normed input is made by each block into shared memory while those loads are in flight, so
-// the norm costs no kernel of its own; and the SwiGLU of an interleaved gate/up product is taken
-// where its two sums meet.
+// A normed input row is made by each block into shared memory while those loads are in flight,
+// so the norm costs no kernel of its own; and the SwiGLU of an interleaved gate/up product is
+// taken where its two sums meet.
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
@@ -54,69 +54,37 @@ __device__ __forceinline__ void StoreAs(__nv_bfloat16* x, int i, float v) {
 }
 __device__ __forceinline__ void StoreAs(float* x, int i, float v) { x[i] = v; }
 
-// Sums of v[i] over the block for every i at once: one pair of barriers for all the rows.
-template <int kN>
-__device__ __forceinline__ void BlockSums(float (&v)[kN], float (*scratch)[kWarp]) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int i = 0; i < kN; ++i) v[i] = WarpSum(v[i]);
-  __syncthreads();
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) scratch[i][warp] = v[i];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kN; ++i) v[i] = WarpSum(lane < kWarpsPerBlock ? scratch[i][lane] : 0.0f);
-}
-
-// The block writes the normed input rows [kRows, in] into x, as RmsNormKernel and
-// PostNormGateKernel compute them (in % 4 == 0; the sources 16-byte aligned). Every row's
-// statistics are reduced together.
-template <typename T, int kRows, Kind kInput>
-__device__ void MakeInputRows(const ProductInput& input, int in, T* x) {
-  __shared__ float scratch[kRows][kWarp];
+// The block writes the normed input row [in] into x, as RmsNormKernel and PostNormGateKernel
+// compute it (in % 4 == 0; the sources 16-byte aligned).
+template <typename T, Kind kInput>
+__device__ void MakeInputRow(const ProductInput& input, int in, T* x) {
+  __shared__ float scratch[kWarp];
   const int quads = in / 4;
-  auto row = [&](int r) {
-    return reinterpret_cast<const float4*>(input.source + static_cast<int64_t>(r) * in);
-  };
+  const float4* row = reinterpret_cast<const float4*>(input.source);
   const float4* weight = reinterpret_cast<const float4*>(input.weight);
   const float4* bias = reinterpret_cast<const float4*>(input.bias);
-  float mean[kRows] = {}, scale[kRows] = {};
+  float mean = 0;
   if constexpr (kInput == Kind::kLayerNormGate) {
-    for (int q = threadIdx.x; q < quads; q += kThreads) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) mean[r] += Sum4(row(r)[q]);
-    }
-    BlockSums(mean, scratch);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) mean[r] /= in;
+    float sum = 0;
+    for (int q = threadIdx.x; q < quads; q += kThreads) sum += Sum4(row[q]);
+    mean = BlockSum(sum, scratch) / in;
   }
+  float squares = 0;
   for (int q = threadIdx.x; q < quads; q += kThreads) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float4 c = row(r)[q] - Broadcast4(mean[r]);
-      scale[r] += Dot4(c, c);
-    }
+    const float4 c = row[q] - Broadcast4(mean);
+    squares += Dot4(c, c);
   }
-  BlockSums(scale, scratch);
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) scale[r] = rsqrtf(scale[r] / in + input.eps);
+  const float scale = rsqrtf(BlockSum(squares, scratch) / in + input.eps);
 
+  const bool gated = kInput == Kind::kLayerNormGate && input.gate != nullptr;
   for (int q = threadIdx.x; q < quads; q += kThreads) {
-    const float4 g = weight[q];
+    const float4 c = row[q] - Broadcast4(mean), g = weight[q];
     const float4 b = kInput == Kind::kLayerNormGate ? bias[q] : Broadcast4(0.0f);
+    const float normed[4] = {c.x * scale * g.x + b.x, c.y * scale * g.y + b.y,
+                             c.z * scale * g.z + b.z, c.w * scale * g.w + b.w};
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float4 c = row(r)[q] - Broadcast4(mean[r]);
-      const float normed[4] = {c.x * scale[r] * g.x + b.x, c.y * scale[r] * g.y + b.y,
-                               c.z * scale[r] * g.z + b.z, c.w * scale[r] * g.w + b.w};
-      const bool gated = kInput == Kind::kLayerNormGate && input.gate != nullptr;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        StoreAs(x + r * in, 4 * q + i,
-                gated ? Gelu(input.gate[r * input.gate_ld + 4 * q + i]) * normed[i] : normed[i]);
-      }
+    for (int i = 0; i < 4; ++i) {
+      StoreAs(x, 4 * q + i, gated ? Gelu(input.gate[4 * q + i]) * normed[i] : normed[i]);
     }
   }
 }
@@ -128,7 +96,8 @@ template <typename T, int kRows, Kind kInput, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads)
     SkinnyGemmKernel(ProductInput input, const uint4* w, int vectors, int out, int splits,
                      void* y, bool accumulate) {
-  extern __shared__ uint4 made_input[];  // [kRows, vectors]: the normed input, made here.
+  static_assert(kInput == Kind::kRows || kRows == 1, "a norm's input is made for one row");
+  extern __shared__ uint4 made_input[];  // [vectors]: the normed input row, made here.
   __shared__ float partial[kWarpsPerBlock][kOutputsPerWarp][kRows];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int group = warp / splits, part = warp % splits;
@@ -158,8 +127,7 @@ __global__ void __launch_bounds__(kThreads)
   WaitForPreviousKernel();
   const uint4* x = static_cast<const uint4*>(input.rows);
   if constexpr (kInput != Kind::kRows) {
-    MakeInputRows<T, kRows, kInput>(input, vectors * kElements<T>,
-                                    reinterpret_cast<T*>(made_input));
+    MakeInputRow<T, kInput>(input, vectors * kElements<T>, reinterpret_cast<T*>(made_input));
     __syncthreads();
     x = made_input;
   }
@@ -229,31 +197,33 @@ cudaError_t LaunchKernel(const ProductInput& input, const void* w, int in, int o
   const int rounds = (vectors + kLoadsAhead * kWarp - 1) / (kLoadsAhead * kWarp);
   const int splits = rounds <= 1 ? 1 : (rounds == 2 ? 2 : kWarpsPerBlock);
   const int outputs_per_block = kWarpsPerBlock / splits * kOutputsPerWarp;
-  const size_t made_bytes = kInput == Kind::kRows ? 0 : sizeof(T) * kRows * in;
+  const size_t made_bytes = kInput == Kind::kRows ? 0 : sizeof(T) * in;
   return Launch(SkinnyGemmKernel<T, kRows, kInput, kSwiGlu>,
                 (out + outputs_per_block - 1) / outputs_per_block, kThreads, made_bytes, stream,
                 input, static_cast<const uint4*>(w), vectors, out, splits, y, accumulate);
 }
 
-// The kernels built: given rows, or a norm's, into a plain product; an RMSNorm's into the
-// feed-forward's gate/up product.
+// The kernels built: given rows into a plain product; for one row, a norm's into a plain product
+// or an RMSNorm's into the feed-forward's gate/up product.
 template <typename T, int kRows>
 cudaError_t LaunchForInput(const ProductInput& input, const void* w, int in, int out,
                            ProductOutput output, void* y, cudaStream_t stream) {
   const bool accumulate = output == ProductOutput::kAccumulate;
-  if (output == ProductOutput::kSwiGlu) {
-    if (input.kind != Kind::kRmsNorm) return cudaErrorNotSupported;
-    return LaunchKernel<T, kRows, Kind::kRmsNorm, true>(input, w, in, out, y, false, stream);
+  const bool swiglu = output == ProductOutput::kSwiGlu;
+  if (input.kind == Kind::kRows) {
+    if (swiglu) return cudaErrorNotSupported;
+    return LaunchKernel<T, kRows, Kind::kRows, false>(input, w, in, out, y, accumulate, stream);
   }
-  switch (input.kind) {
-    case Kind::kRows:
-      return LaunchKernel<T, kRows, Kind::kRows, false>(input, w, in, out, y, accumulate, stream);
-    case Kind::kRmsNorm:
-      return LaunchKernel<T, kRows, Kind::kRmsNorm, false>(input, w, in, out, y, accumulate,
-                                                           stream);
-    case Kind::kLayerNormGate:
-      return LaunchKernel<T, kRows, Kind::kLayerNormGate, false>(input, w, in, out, y, accumulate,
+  if constexpr (kRows == 1) {
+    if (input.kind == Kind::kRmsNorm) {
+      return swiglu ? LaunchKernel<T, 1, Kind::kRmsNorm, true>(input, w, in, out, y, false, stream)
+                    : LaunchKernel<T, 1, Kind::kRmsNorm, false>(input, w, in, out, y, accumulate,
                                                                  stream);
+    }
+    if (!swiglu) {
+      return LaunchKernel<T, 1, Kind::kLayerNormGate, false>(input, w, in, out, y, accumulate,
+                                                             stream);
+    }
   }
   return cudaErrorNotSupported;
 }
@@ -280,11 +250,14 @@ bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType typ
     return false;
   }
   if (input.kind == Kind::kRows) return Aligned16(input.rows);
+  // A norm's input row is made inside the product for one row only: at two or four rows the
+  // block's norm passes cost more than the kernel they save.
+  if (rows != 1) return false;
   const bool gate_fits = input.kind != Kind::kLayerNormGate || input.gate == nullptr ||
                          (Aligned16(input.gate) && input.gate_ld % 4 == 0);
   return in % 4 == 0 && Aligned16(input.source) && Aligned16(input.weight) &&
          (input.kind != Kind::kLayerNormGate || Aligned16(input.bias)) && gate_fits &&
-         ElementBytes(type) * rows * in <= kMaxMadeInputBytes;
+         ElementBytes(type) * in <= kMaxMadeInputBytes;
 }
 
 cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,

@@ -1,7 +1,7 @@
 // SkinnyGemm, the small-batch product, against a double-precision product of the same inputs:
 // for every row count it takes, both element types, ragged widths and odd output counts; for
-// inputs given and inputs it norms itself; storing, accumulating, and taking the SwiGLU of an
-// interleaved gate/up product. Skips without a GPU.
+// inputs given and (one row) inputs it norms itself; storing, accumulating, and taking the
+// SwiGLU of an interleaved gate/up product. Skips without a GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -214,12 +214,12 @@ std::vector<Case> Cases() {
       cases.push_back({rows, 5504, 257, type});
       cases.push_back({rows, 72, 9, type, Kind::kRows, Output::kAccumulate});
       cases.push_back({rows, 1024, 1, type});
-      // Inputs made by the product: o_proj's, the feed-forward's, the LM head's.
-      cases.push_back({rows, 2048, 2048, type, Kind::kLayerNormGate, Output::kAccumulate});
-      cases.push_back({rows, 768, 130, type, Kind::kLayerNormGate, Output::kStore, false});
-      cases.push_back({rows, 2048, 1024, type, Kind::kRmsNorm, Output::kSwiGlu});
-      cases.push_back({rows, 2048, 3001, type, Kind::kRmsNorm});
     }
+    // Input rows made by the product (one row): o_proj's, the feed-forward's, the LM head's.
+    cases.push_back({1, 2048, 2048, type, Kind::kLayerNormGate, Output::kAccumulate});
+    cases.push_back({1, 768, 130, type, Kind::kLayerNormGate, Output::kStore, false});
+    cases.push_back({1, 2048, 1024, type, Kind::kRmsNorm, Output::kSwiGlu});
+    cases.push_back({1, 5504, 3001, type, Kind::kRmsNorm});
   }
   return cases;
 }
@@ -239,12 +239,13 @@ TEST(SkinnyGemmFitsTest, RefusesWhatItCannotLoadInVectors) {
   EXPECT_FALSE(cu::SkinnyGemmFits(1, off, 16, f32, buffer));  // x off 16 bytes.
   EXPECT_EQ(cu::SkinnyGemm(1, given, buffer + 1, 16, 4, f32, Output::kStore, buffer, nullptr),
             cudaErrorNotSupported);
-  // A norm's input rows are made in shared memory: at most 48 KB of them.
+  // A norm's input is made for one row, in shared memory: at most 48 KB of it.
   const cu::ProductInput norm{
       .kind = Kind::kRmsNorm, .source = buffer, .weight = buffer, .eps = 1e-6f};
-  EXPECT_TRUE(cu::SkinnyGemmFits(4, norm, 3072, f32, buffer));
-  EXPECT_FALSE(cu::SkinnyGemmFits(4, norm, 4096, f32, buffer));
-  EXPECT_TRUE(cu::SkinnyGemmFits(4, norm, 4096, bf16, buffer));
+  EXPECT_TRUE(cu::SkinnyGemmFits(1, norm, 12288, f32, buffer));
+  EXPECT_FALSE(cu::SkinnyGemmFits(1, norm, 12292, f32, buffer));
+  EXPECT_TRUE(cu::SkinnyGemmFits(1, norm, 24576, bf16, buffer));
+  EXPECT_FALSE(cu::SkinnyGemmFits(2, norm, 1024, bf16, buffer));
 }
 
 }  // namespace
