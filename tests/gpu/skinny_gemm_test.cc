@@ -66,8 +66,9 @@ float Gelu(float x) {
   return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
-// The input rows the product multiplies, made on the host as the kernels make them (in float,
-// then rounded to Element).
+// The input rows the product multiplies, made on the host as the kernels make them: the row's
+// statistics (summed in double, nearer the kernels' tree sums than a float running sum), then
+// each element in float, rounded to Element.
 template <typename Element>
 std::vector<float> InputRows(const Case& c, const std::vector<float>& source,
                              const std::vector<float>& weight, const std::vector<float>& bias,
@@ -75,16 +76,13 @@ std::vector<float> InputRows(const Case& c, const std::vector<float>& source,
   std::vector<float> x(source.size());
   for (int r = 0; r < c.rows; ++r) {
     const float* v = &source[r * c.in];
-    float mean = 0, scale = 0;
-    if (c.input == Kind::kRmsNorm) {
-      for (int k = 0; k < c.in; ++k) scale += v[k] * v[k];
-      scale = 1.0f / std::sqrt(scale / c.in + eps);
-    } else {
-      for (int k = 0; k < c.in; ++k) mean += v[k];
-      mean /= c.in;
-      for (int k = 0; k < c.in; ++k) scale += (v[k] - mean) * (v[k] - mean);
-      scale = 1.0f / std::sqrt(scale / c.in + eps);
+    double sum = 0, squares = 0;
+    if (c.input == Kind::kLayerNormGate) {
+      for (int k = 0; k < c.in; ++k) sum += v[k];
     }
+    const float mean = static_cast<float>(sum / c.in);
+    for (int k = 0; k < c.in; ++k) squares += double{v[k] - mean} * (v[k] - mean);
+    const float scale = static_cast<float>(1.0 / std::sqrt(squares / c.in + eps));
     for (int k = 0; k < c.in; ++k) {
       float value = (v[k] - mean) * scale * weight[k];
       if (c.input == Kind::kLayerNormGate) {
