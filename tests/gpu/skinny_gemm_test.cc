@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,8 +31,7 @@ struct Case {
   bool gate = true;  // kLayerNormGate: with a gate.
 };
 
-std::string Name(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
+std::string Describe(const Case& c) {
   const char* input[] = {"Rows", "RmsNorm", "LayerNorm"};
   const char* output[] = {"Store", "Accumulate", "SwiGlu"};
   return std::string(c.type == cu::ElementType::kBFloat16 ? "Bf16" : "F32") + "_" +
@@ -39,6 +39,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
          input[static_cast<int>(c.input)] + (c.input == Kind::kLayerNormGate && !c.gate ? "NoGate" : "") +
          "_" + output[static_cast<int>(c.output)];
 }
+
+void PrintTo(const Case& c, std::ostream* out) { *out << Describe(c); }
 
 // A device copy of host values, freed on scope exit.
 template <typename T>
@@ -222,7 +224,10 @@ std::vector<Case> Cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SkinnyGemmTest, ::testing::ValuesIn(Cases()), Name);
+INSTANTIATE_TEST_SUITE_P(Shapes, SkinnyGemmTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return Describe(info.param);
+                         });
 
 TEST(SkinnyGemmFitsTest, RefusesWhatItCannotLoadInVectors) {
   alignas(16) static float buffer[64];
