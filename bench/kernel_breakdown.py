@@ -10,8 +10,9 @@ starting with the embedding gather):
     bench/kernel_breakdown.py step.csv [STEP]
 
 STEP picks another run of kernels by Python index (-2: the one before the last, such as the
-prefill before a single decode step). Prints, per kernel name, the launches, the total and the
-mean microseconds, largest first.
+prefill before a single decode step). Prints, per kernel name and grid size (so that products of
+different shapes through the same kernel stay apart), the launches, the total and the mean
+microseconds, largest first.
 """
 import collections
 import csv
@@ -24,24 +25,25 @@ def main(path, which=-1):
     header_at = next(i for i, row in enumerate(rows) if row and row[0] == "ID")
     header = rows[header_at]
     name_col, value_col = header.index("Kernel Name"), header.index("Metric Value")
-    kernels = [(row[name_col], float(row[value_col].replace(",", "")))
+    grid_col = header.index("Grid Size")
+    kernels = [(row[name_col], row[grid_col], float(row[value_col].replace(",", "")))
                for row in rows[header_at + 1:] if len(row) > value_col]
-    starts = [i for i, (name, _) in enumerate(kernels) if "EmbeddingGather" in name]
+    starts = [i for i, (name, _, _) in enumerate(kernels) if "EmbeddingGather" in name]
     if not starts:
         sys.exit("no embedding gather in the profile: not an engine step")
     bounds = starts + [len(kernels)]
     at = range(len(starts))[which]
     step = kernels[bounds[at]:bounds[at + 1]]
     totals = collections.defaultdict(lambda: [0, 0.0])
-    for name, ns in step:
+    for name, grid, ns in step:
         short = name.split("(")[0].replace("void ", "")
-        totals[short][0] += 1
-        totals[short][1] += ns
-    step_ns = sum(ns for _, ns in step)
+        totals[(short, grid)][0] += 1
+        totals[(short, grid)][1] += ns
+    step_ns = sum(ns for _, _, ns in step)
     print(f"{len(step)} kernels, {step_ns / 1e3:.1f} us")
-    for short, (count, ns) in sorted(totals.items(), key=lambda item: -item[1][1]):
+    for (short, grid), (count, ns) in sorted(totals.items(), key=lambda item: -item[1][1]):
         print(f"{ns / 1e3:9.1f} us {100 * ns / step_ns:5.1f}% {count:4d} x {ns / count / 1e3:7.2f} us"
-              f"  {short[:80]}")
+              f"  {short[:80]} {grid}")
 
 
 if __name__ == "__main__":
