@@ -47,11 +47,6 @@ class DecodeGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-// GEMM operands (weights and the activations fed to them) are in the weight precision. The
-// projections that read the same input are stacked into one weight, one GEMM each:
-// in_proj = [W_q; W_k; W_v; W_g; w_lr] (k and g when the model has them; see
-// ProjectionColumns) and gate_up, whose rows interleave W_gate's and W_up's (gate row j, then up
-// row j), so that a product's two sums for output j of the feed-forward meet in one warp.
 // Rows of a and b [n, width] taken in turn: a's row 0, b's row 0, a's row 1, …
 std::vector<float> InterleavedRows(std::span<const float> a, std::span<const float> b,
                                    int64_t width) {
@@ -64,6 +59,11 @@ std::vector<float> InterleavedRows(std::span<const float> a, std::span<const flo
   return rows;
 }
 
+// GEMM operands (weights and the activations fed to them) are in the weight precision. The
+// projections that read the same input are stacked into one weight, one GEMM each:
+// in_proj = [W_q; W_k; W_v; W_g; w_lr] (k and g when the model has them; see
+// ProjectionColumns) and gate_up, whose rows interleave W_gate's and W_up's (gate row j, then up
+// row j), so that a product's two sums for output j of the feed-forward meet in one warp.
 struct LayerWeights {
   const float *conv_norm = nullptr, *conv_w = nullptr, *conv_b = nullptr;  // pre_conv
   const float* seq_norm = nullptr;
