@@ -24,25 +24,9 @@
 #include <random>
 #include <vector>
 
+#include "bench/cuda_check.h"
+
 namespace {
-
-#define CHECK(call)                                                          \
-  do {                                                                       \
-    const cudaError_t status_ = (call);                                      \
-    if (status_ != cudaSuccess) {                                            \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                          \
-    }                                                                        \
-  } while (0)
-
-#define CHECK_CUBLAS(call)                                                      \
-  do {                                                                          \
-    const cublasStatus_t status_ = (call);                                      \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                     \
-      std::fprintf(stderr, "%s: %s\n", #call, cublasGetStatusString(status_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 using bf16 = __nv_bfloat16;
 
@@ -226,22 +210,22 @@ void DestroyLt(const LtPlan& plan) {
 template <typename Flush, typename Run>
 double MedianMs(Flush flush, Run run) {
   cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
   std::vector<float> times;
   for (int i = 0; i < 23; ++i) {
     flush();
-    CHECK(cudaEventRecord(start));
+    CHECK_CUDA(cudaEventRecord(start));
     run();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     if (i >= 3) times.push_back(ms);  // The first runs warm up.
   }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -278,23 +262,23 @@ int main() {
       {"1b", "down", 256, 5504, 2048, true},       {"1b", "lm_head", 256, 2048, 32000, false},
   };
   int device = 0, sms = 0, l2_bytes = 0;
-  CHECK(cudaGetDevice(&device));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
   const size_t flush_bytes = 2 * static_cast<size_t>(l2_bytes);
   void* flush_buffer;
-  CHECK(cudaMalloc(&flush_buffer, flush_bytes));
+  CHECK_CUDA(cudaMalloc(&flush_buffer, flush_bytes));
   const size_t workspace_bytes = size_t{32} << 20;
   void* workspace;
-  CHECK(cudaMalloc(&workspace, workspace_bytes));
+  CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
   const size_t shared_bytes = kStages * sizeof(Stage);
-  CHECK(cudaFuncSetAttribute(MmaSplitKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CHECK_CUDA(cudaFuncSetAttribute(MmaSplitKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared_bytes)));
   std::mt19937 rng(7);
   int flushes = 0;
-  auto flush = [&] { CHECK(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes)); };
+  auto flush = [&] { CHECK_CUDA(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes)); };
 
   for (const Product& p : products) {
     if (p.rows % kTileRows != 0 || p.out % kTileOut != 0 || p.in % kTileIn != 0) {
@@ -306,12 +290,12 @@ int main() {
     const size_t y_count = static_cast<size_t>(p.rows) * p.out;
     bf16 *x, *w;
     float *y_lt, *y_ours;
-    CHECK(cudaMalloc(&x, host_x.size() * sizeof(bf16)));
-    CHECK(cudaMalloc(&w, host_w.size() * sizeof(bf16)));
-    CHECK(cudaMalloc(&y_lt, y_count * sizeof(float)));
-    CHECK(cudaMalloc(&y_ours, y_count * sizeof(float)));
-    CHECK(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMalloc(&x, host_x.size() * sizeof(bf16)));
+    CHECK_CUDA(cudaMalloc(&w, host_w.size() * sizeof(bf16)));
+    CHECK_CUDA(cudaMalloc(&y_lt, y_count * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&y_ours, y_count * sizeof(float)));
+    CHECK_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
     const LtPlan plan = PlanLt(handle, p, workspace_bytes);
     const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
@@ -322,10 +306,10 @@ int main() {
     };
     const double lt_ms = MedianMs(flush, run_lt);
 
-    CHECK(cudaMemset(y_lt, 0, y_count * sizeof(float)));
+    CHECK_CUDA(cudaMemset(y_lt, 0, y_count * sizeof(float)));
     run_lt();  // From zero: the result ours are compared with.
     std::vector<float> lt(y_count), ours(y_count);
-    CHECK(cudaMemcpy(lt.data(), y_lt, y_count * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(lt.data(), y_lt, y_count * sizeof(float), cudaMemcpyDeviceToHost));
     double largest = 0;
     for (float v : lt) largest = std::max(largest, std::fabs(static_cast<double>(v)));
     Report(p, "cublaslt", lt_ms, -1, 0);
@@ -343,15 +327,15 @@ int main() {
           splits > 1 ? Write::kAtomicAdd : (p.accumulate ? Write::kAdd : Write::kStore);
       auto run_ours = [&] {
         if (!p.accumulate && splits > 1) {
-          CHECK(cudaMemsetAsync(y_ours, 0, y_count * sizeof(float)));
+          CHECK_CUDA(cudaMemsetAsync(y_ours, 0, y_count * sizeof(float)));
         }
         MmaSplitKKernel<<<grid, kThreads, shared_bytes>>>(x, w, y_ours, p.in, p.out, per_split,
                                                           write);
       };
       const double ours_ms = MedianMs(flush, run_ours);
-      CHECK(cudaMemset(y_ours, 0, y_count * sizeof(float)));
+      CHECK_CUDA(cudaMemset(y_ours, 0, y_count * sizeof(float)));
       run_ours();
-      CHECK(cudaMemcpy(ours.data(), y_ours, y_count * sizeof(float), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(ours.data(), y_ours, y_count * sizeof(float), cudaMemcpyDeviceToHost));
       double diff = 0;
       for (size_t e = 0; e < y_count; ++e) {
         diff = std::max(diff, std::fabs(static_cast<double>(lt[e]) - ours[e]));
@@ -361,13 +345,13 @@ int main() {
     }
 
     DestroyLt(plan);
-    CHECK(cudaFree(x));
-    CHECK(cudaFree(w));
-    CHECK(cudaFree(y_lt));
-    CHECK(cudaFree(y_ours));
+    CHECK_CUDA(cudaFree(x));
+    CHECK_CUDA(cudaFree(w));
+    CHECK_CUDA(cudaFree(y_lt));
+    CHECK_CUDA(cudaFree(y_ours));
   }
   cublasLtDestroy(handle);
-  CHECK(cudaFree(workspace));
-  CHECK(cudaFree(flush_buffer));
+  CHECK_CUDA(cudaFree(workspace));
+  CHECK_CUDA(cudaFree(flush_buffer));
   return 0;
 }

@@ -15,8 +15,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
+
+#include "bench/cuda_check.h"
 
 namespace {
 
@@ -81,32 +82,23 @@ __global__ void Persistent(const float* pool, size_t slot_floats, int heads, int
   }
 }
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    const cudaError_t status_ = (call);                                                   \
-    if (status_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_));              \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
-
 template <typename Launch>
 double MedianMs(Launch launch) {
   cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> times;
   for (int i = 0; i < 20; ++i) {
-    CHECK(cudaEventRecord(start));
+    CHECK_CUDA(cudaEventRecord(start));
     launch();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     times.push_back(ms);
   }
-  CHECK(cudaGetLastError());
+  CHECK_CUDA(cudaGetLastError());
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
@@ -123,21 +115,21 @@ void Report(const Pattern& p, const char* variant, double bytes, double ms) {
 int main() {
   const Pattern patterns[] = {{"125m", 256, 12, 3806208 / 4}, {"1b", 256, 32, 20299776 / 4}};
   int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t shared = sizeof(float4) * kPieces;
   for (const Pattern& p : patterns) {
     const int items = p.sequences * p.heads;
     const size_t pool_floats = p.sequences * p.slot_floats;
     float *pool, *sums, *copy_to;
-    CHECK(cudaMalloc(&pool, pool_floats * sizeof(float)));
-    CHECK(cudaMemset(pool, 0, pool_floats * sizeof(float)));
-    CHECK(cudaMalloc(&sums, items * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&pool, pool_floats * sizeof(float)));
+    CHECK_CUDA(cudaMemset(pool, 0, pool_floats * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&sums, items * sizeof(float)));
     const double bytes = static_cast<double>(items) * kPieces * sizeof(float4);
-    CHECK(cudaMalloc(&copy_to, static_cast<size_t>(bytes)));
+    CHECK_CUDA(cudaMalloc(&copy_to, static_cast<size_t>(bytes)));
 
     // cudaMemcpy moves the bytes twice (read and write): its time for half as many bytes.
     Report(p, "copy", bytes, MedianMs([&] {
-             CHECK(cudaMemcpyAsync(copy_to, pool, static_cast<size_t>(bytes) / 2,
+             CHECK_CUDA(cudaMemcpyAsync(copy_to, pool, static_cast<size_t>(bytes) / 2,
                                    cudaMemcpyDeviceToDevice));
            }));
     Report(p, "warp_per_item", bytes, MedianMs([&] {
@@ -150,14 +142,14 @@ int main() {
              WarpPerItem<4><<<4 * items, kWarp, shared / 4>>>(pool, p.slot_floats, p.heads, sums);
            }));
     int per_sm = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Persistent, kWarp, shared));
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Persistent, kWarp, shared));
     Report(p, "persistent", bytes, MedianMs([&] {
              Persistent<<<std::min(items, sms * per_sm), kWarp, shared>>>(pool, p.slot_floats,
                                                                           p.heads, items, sums);
            }));
-    CHECK(cudaFree(pool));
-    CHECK(cudaFree(sums));
-    CHECK(cudaFree(copy_to));
+    CHECK_CUDA(cudaFree(pool));
+    CHECK_CUDA(cudaFree(sums));
+    CHECK_CUDA(cudaFree(copy_to));
   }
   return 0;
 }
