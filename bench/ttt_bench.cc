@@ -2,15 +2,17 @@
 //
 //   ttt-bench --model DIR --batch 1,16 --steps 256
 //   ttt-bench --backend cuda --preset 125m --inner linear --batch 1,64,256 --offset 1024
+//   ttt-bench --backend cuda --preset 1b --batch 1 --timeline steps.csv   (then timeline.py)
 //
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
 // times `steps` decode steps of one token per sequence, the engine choosing the tokens (greedy,
 // or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
 // every sequence's state read once per step, over the device-to-device copy bandwidth measured
-// in the same run.
+// in the same run. With --timeline it then records a few more steps' kernels as they ran.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -28,6 +30,9 @@
 #if TTT_WITH_CUDA
 #include "kernels/cuda_device.h"
 #endif
+#if TTT_BENCH_TIMELINE
+#include "bench/kernel_timeline.h"
+#endif
 
 ABSL_FLAG(std::string, model, "", "Model directory; or use --preset for random weights.");
 ABSL_FLAG(std::string, preset, "", "125m, 350m, 760m or 1b, with random weights.");
@@ -41,6 +46,10 @@ ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine 
 ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
+ABSL_FLAG(std::string, timeline, "",
+          "CUDA: after the timed steps, record the kernels of --timeline_steps more steps as "
+          "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py.");
+ABSL_FLAG(int32_t, timeline_steps, 4, "Decode steps recorded by --timeline.");
 
 namespace ttt {
 namespace {
@@ -84,6 +93,26 @@ absl::StatusOr<double> CopyBandwidth([[maybe_unused]] std::string_view backend) 
   return 0.0;
 }
 
+#if TTT_BENCH_TIMELINE
+// Appends `batch`'s kernels to the CSV file at `path` (a new file, with its header, unless
+// `append`): one line a kernel, its name quoted.
+absl::Status WriteTimeline(const std::string& path, int32_t batch,
+                           const std::vector<KernelSpan>& spans, bool append) {
+  std::ofstream out(path, append ? std::ios::app : std::ios::trunc);
+  if (!append) out << "batch,launch,stream,kernel,grid,block,start_ns,end_ns\n";
+  for (const KernelSpan& k : spans) {
+    std::string quoted = "\"";
+    for (char c : k.name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+    quoted += '"';
+    out << batch << ',' << k.launch << ',' << k.stream << ',' << quoted << ',' << k.grid << ','
+        << k.block << ',' << k.start_ns << ',' << k.end_ns << '\n';
+  }
+  out.flush();
+  if (!out) return absl::InternalError(absl::StrCat("--timeline: cannot write ", path));
+  return absl::OkStatus();
+}
+#endif
+
 absl::Status Run() {
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
@@ -93,6 +122,7 @@ absl::Status Run() {
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  [[maybe_unused]] bool first_timeline = true;
   for (absl::string_view batch_text : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
     int32_t batch;
     if (!absl::SimpleAtoi(batch_text, &batch) || batch <= 0) {
@@ -134,18 +164,24 @@ absl::Status Run() {
     }
     std::vector<SampledToken> sampled;
     std::vector<double> launch_seconds;  // Of the host queueing the step.
+    // One decode step; `queued`, if given, gets the time the host had queued it.
+    auto decode_step = [&](std::chrono::steady_clock::time_point* queued) -> absl::Status {
+      TTT_RETURN_IF_ERROR(engine.StartForwardAndSample(chunks, sampling));
+      if (queued != nullptr) *queued = std::chrono::steady_clock::now();
+      TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
+      for (int32_t b = 0; b < batch; ++b) tokens[b][0] = sampled[b].id;
+      return absl::OkStatus();
+    };
     const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
     for (int32_t s = 0; s < warmup + steps; ++s) {
       const auto start = std::chrono::steady_clock::now();
-      TTT_RETURN_IF_ERROR(engine.StartForwardAndSample(chunks, sampling));
-      const auto queued = std::chrono::steady_clock::now();
-      TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
+      std::chrono::steady_clock::time_point queued;
+      TTT_RETURN_IF_ERROR(decode_step(&queued));
       const auto end = std::chrono::steady_clock::now();
       if (s >= warmup) {
         step_seconds.push_back(std::chrono::duration<double>(end - start).count());
         launch_seconds.push_back(std::chrono::duration<double>(queued - start).count());
       }
-      for (int32_t b = 0; b < batch; ++b) tokens[b][0] = sampled[b].id;
     }
     double total = 0;
     for (double s : step_seconds) total += s;
@@ -176,6 +212,23 @@ absl::Status Run() {
     }
     std::printf("%s\n", result.dump().c_str());
     std::fflush(stdout);
+
+    if (const std::string path = absl::GetFlag(FLAGS_timeline); !path.empty()) {
+#if TTT_BENCH_TIMELINE
+      if (!engine.backend().starts_with("cuda")) {
+        return absl::InvalidArgumentError("--timeline: the CUDA backend only");
+      }
+      TTT_RETURN_IF_ERROR(StartKernelTimeline());
+      for (int32_t s = 0; s < absl::GetFlag(FLAGS_timeline_steps); ++s) {
+        TTT_RETURN_IF_ERROR(decode_step(nullptr));
+      }
+      TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, StopKernelTimeline());
+      TTT_RETURN_IF_ERROR(WriteTimeline(path, batch, spans, /*append=*/!first_timeline));
+      first_timeline = false;
+#else
+      return absl::InvalidArgumentError("--timeline: built without CUDA's CUPTI");
+#endif
+    }
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,29 @@
+// The kernels the GPU ran between Start() and Stop(), each with its start and end on the GPU's
+// clock, as they ran: kernels that overlap (programmatic dependent launch, a graph's branches)
+// show it. ncu times each kernel alone, serialised, so it cannot show what a step's overlap
+// hides. Recorded through CUPTI's activity records, which do not serialise kernels.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ttt {
+
+struct KernelSpan {
+  std::string name;  // Demangled, without its parameter list.
+  uint32_t launch;   // The launching call's correlation id: one per graph launch.
+  uint32_t stream;
+  int64_t grid, block;  // Blocks, and threads per block.
+  uint64_t start_ns, end_ns;
+};
+
+// One recording at a time, process-wide.
+absl::Status StartKernelTimeline();
+// Waits for the device, then returns every kernel that ran since StartKernelTimeline().
+absl::StatusOr<std::vector<KernelSpan>> StopKernelTimeline();
+
+}  // namespace ttt

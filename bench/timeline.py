@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes, as the kernels ran: from `ttt-bench --timeline FILE`.
+
+    bench/timeline.py FILE [--batch B]
+
+ncu times each kernel alone; in a step, kernels overlap (programmatic dependent launch lets one
+start while the one before it ends). So each kernel is charged only the time it adds to the
+step: the part of its span that no earlier kernel of the step covers ("exposed"). The exposed
+times and the gaps, when no kernel runs, add up to the step.
+
+Prints, for each batch, the step (median over the recorded steps: its span, its gaps) and a
+table by kernel name and grid size: instances a step, median span, median exposed time per
+instance, and exposed time a step, largest first.
+"""
+import argparse
+import csv
+import statistics
+from collections import defaultdict
+
+
+def short(name):
+    """The kernel's name without this project's namespaces."""
+    for prefix in ("ttt::kernels::cuda::(anonymous namespace)::", "ttt::kernels::cuda::"):
+        name = name.replace(prefix, "")
+    return name
+
+
+def steps_of(rows):
+    """Rows grouped into steps: a graph launch's kernels share its launch id."""
+    by_launch = defaultdict(list)
+    for r in rows:
+        by_launch[r["launch"]].append(r)
+    # A decode step is one graph launch of many kernels; lone launches (copies' kernels) are not.
+    steps = [k for k in by_launch.values() if len(k) > 2]
+    return sorted(steps, key=lambda k: min(r["start"] for r in k))
+
+
+def exposed_times(kernels):
+    """Each kernel's time not covered by the kernels that started before it, in start order;
+    and the step's span and busy time."""
+    kernels = sorted(kernels, key=lambda r: (r["start"], r["end"]))
+    covered_to = kernels[0]["start"]
+    exposed = []
+    for r in kernels:
+        exposed.append(max(0, r["end"] - max(r["start"], covered_to)))
+        covered_to = max(covered_to, r["end"])
+    span = covered_to - kernels[0]["start"]
+    return kernels, exposed, span, sum(exposed)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file")
+    parser.add_argument("--batch", type=int, help="only this batch size")
+    args = parser.parse_args()
+    by_batch = defaultdict(list)
+    with open(args.file, newline="") as f:
+        for r in csv.DictReader(f):
+            r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
+            by_batch[int(r["batch"])].append(r)
+    for batch, rows in sorted(by_batch.items()):
+        if args.batch is not None and batch != args.batch:
+            continue
+        steps = steps_of(rows)
+        if not steps:
+            print(f"batch {batch}: no step recorded")
+            continue
+        spans, gaps = [], []
+        per_kernel = defaultdict(lambda: {"span": [], "exposed": [], "per_step": []})
+        for step in steps:
+            kernels, exposed, span, busy = exposed_times(step)
+            spans.append(span)
+            gaps.append(span - busy)
+            step_total = defaultdict(int)
+            for r, e in zip(kernels, exposed):
+                key = (r["kernel"], int(r["grid"]))
+                per_kernel[key]["span"].append(r["end"] - r["start"])
+                per_kernel[key]["exposed"].append(e)
+                step_total[key] += e
+            for key in per_kernel:
+                per_kernel[key]["per_step"].append(step_total.get(key, 0))
+        step_us = statistics.median(spans) / 1e3
+        print(f"batch {batch}: {len(steps)} steps, step {step_us:.1f} us (median span), "
+              f"gaps {statistics.median(gaps) / 1e3:.1f} us, "
+              f"{len(steps[0])} kernels a step")
+        print(f"{'exposed/step us':>16} {'share':>6} {'count':>6} {'span us':>8} "
+              f"{'exposed us':>10}  kernel [grid]")
+        table = sorted(per_kernel.items(), key=lambda kv: -statistics.median(kv[1]["per_step"]))
+        for (name, grid), t in table:
+            per_step = statistics.median(t["per_step"]) / 1e3
+            count = len(t["span"]) / len(steps)
+            print(f"{per_step:16.1f} {per_step / step_us:6.1%} {count:6.1f} "
+                  f"{statistics.median(t['span']) / 1e3:8.2f} "
+                  f"{statistics.median(t['exposed']) / 1e3:10.2f}  {short(name)[:90]} [{grid}]")
+
+
+if __name__ == "__main__":
+    main()
