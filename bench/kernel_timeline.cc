@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/util/absl_string_view.h"
+#include "server/util/status_macros.h"
 
 namespace ttt {
 namespace {
@@ -74,28 +75,18 @@ absl::Status CuptiStatus(CUptiResult result, std::string_view what) {
 }  // namespace
 
 absl::Status StartKernelTimeline() {
-  static const absl::Status registered =
-      CuptiStatus(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
-                  "cuptiActivityRegisterCallbacks");
-  if (!registered.ok()) return registered;
-  {
-    std::lock_guard lock(recorded_mutex);
-    recorded.clear();
-  }
+  TTT_RETURN_IF_ERROR(CuptiStatus(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
+                                  "cuptiActivityRegisterCallbacks"));
   return CuptiStatus(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
                      "cuptiActivityEnable");
 }
 
-absl::StatusOr<std::vector<KernelSpan>> StopKernelTimeline() {
+absl::StatusOr<std::vector<KernelSpan>> TakeKernelTimeline() {
   if (const cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cudaGetErrorString(error)));
   }
-  const absl::Status flushed =
-      CuptiStatus(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-  const absl::Status disabled = CuptiStatus(
-      cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
-  if (!flushed.ok()) return flushed;
-  if (!disabled.ok()) return disabled;
+  TTT_RETURN_IF_ERROR(CuptiStatus(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED),
+                                  "cuptiActivityFlushAll"));
   std::lock_guard lock(recorded_mutex);
   return std::exchange(recorded, {});
 }

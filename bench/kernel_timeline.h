@@ -1,4 +1,4 @@
-// The kernels the GPU ran between Start() and Stop(), each with its start and end on the GPU's
+// The kernels the GPU ran, each with its start and end on the GPU's
 // clock, as they ran: kernels that overlap (programmatic dependent launch, a graph's branches)
 // show it. ncu times each kernel alone, serialised, so it cannot show what a step's overlap
 // hides. Recorded through CUPTI's activity records, which do not serialise kernels.
@@ -21,9 +21,11 @@ struct KernelSpan {
   uint64_t start_ns, end_ns;
 };
 
-// One recording at a time, process-wide.
+// Starts recording every kernel of the process. Start before any CUDA graph is captured: CUPTI
+// may not see the kernels of graphs made before it records.
 absl::Status StartKernelTimeline();
-// Waits for the device, then returns every kernel that ran since StartKernelTimeline().
-absl::StatusOr<std::vector<KernelSpan>> StopKernelTimeline();
+// Waits for the device, then returns (and forgets) every kernel that ran since the start or the
+// last take.
+absl::StatusOr<std::vector<KernelSpan>> TakeKernelTimeline();
 
 }  // namespace ttt

@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.")
 ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
 ABSL_FLAG(std::string, timeline, "",
           "CUDA: after the timed steps, record the kernels of --timeline_steps more steps as "
-          "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py.");
+          "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py. "
+          "Kernels are traced all along, the timed steps too.");
 ABSL_FLAG(int32_t, timeline_steps, 4, "Decode steps recorded by --timeline.");
 
 namespace ttt {
@@ -123,6 +124,14 @@ absl::Status Run() {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
   [[maybe_unused]] bool first_timeline = true;
+#if TTT_BENCH_TIMELINE
+  // Recording from the start, before the engines capture their graphs.
+  if (!absl::GetFlag(FLAGS_timeline).empty()) {
+    if (const absl::Status started = StartKernelTimeline(); !started.ok()) {
+      return absl::Status(started.code(), absl::StrCat("--timeline: ", started.message()));
+    }
+  }
+#endif
   for (absl::string_view batch_text : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
     int32_t batch;
     if (!absl::SimpleAtoi(batch_text, &batch) || batch <= 0) {
@@ -218,11 +227,11 @@ absl::Status Run() {
       if (!engine.backend().starts_with("cuda")) {
         return absl::InvalidArgumentError("--timeline: the CUDA backend only");
       }
-      TTT_RETURN_IF_ERROR(StartKernelTimeline());
+      TTT_RETURN_IF_ERROR(TakeKernelTimeline().status());  // Forgets the steps before.
       for (int32_t s = 0; s < absl::GetFlag(FLAGS_timeline_steps); ++s) {
         TTT_RETURN_IF_ERROR(decode_step(nullptr));
       }
-      TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, StopKernelTimeline());
+      TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, TakeKernelTimeline());
       TTT_RETURN_IF_ERROR(WriteTimeline(path, batch, spans, /*append=*/!first_timeline));
       first_timeline = false;
 #else
