@@ -1,7 +1,7 @@
-// The kernels the GPU ran, each with its start and end on the GPU's
-// clock, as they ran: kernels that overlap (programmatic dependent launch, a graph's branches)
-// show it. ncu times each kernel alone, serialised, so it cannot show what a step's overlap
-// hides. Recorded through CUPTI's activity records, which do not serialise kernels.
+// The kernels the GPU ran, each with its start and end on the GPU's clock, as they ran:
+// kernels that overlap (programmatic dependent launch, a graph's branches) show it. ncu times
+// each kernel alone, serialised, so it cannot show what a step's overlap hides. Recorded
+// through CUPTI's activity records, which do not serialise kernels.
 #pragma once
 
 #include <cstdint>
