@@ -8,20 +8,20 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK_CUDA(call)                                                     \
-  do {                                                                       \
-    const cudaError_t status_ = (call);                                      \
-    if (status_ != cudaSuccess) {                                            \
+#define CHECK_CUDA(call)                                                    \
+  do {                                                                      \
+    const cudaError_t status_ = (call);                                     \
+    if (status_ != cudaSuccess) {                                           \
       std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(status_)); \
-      std::exit(1);                                                          \
-    }                                                                        \
+      std::exit(1);                                                         \
+    }                                                                       \
   } while (0)
 
-#define CHECK_CUBLAS(call)                                                      \
-  do {                                                                          \
-    const cublasStatus_t status_ = (call);                                      \
-    if (status_ != CUBLAS_STATUS_SUCCESS) {                                     \
+#define CHECK_CUBLAS(call)                                                     \
+  do {                                                                         \
+    const cublasStatus_t status_ = (call);                                     \
+    if (status_ != CUBLAS_STATUS_SUCCESS) {                                    \
       std::fprintf(stderr, "%s: %s\n", #call, cublasGetStatusString(status_)); \
-      std::exit(1);                                                             \
-    }                                                                           \
+      std::exit(1);                                                            \
+    }                                                                          \
   } while (0)

@@ -275,7 +275,7 @@ int main() {
   CHECK_CUBLAS(cublasLtCreate(&handle));
   const size_t shared_bytes = kStages * sizeof(Stage);
   CHECK_CUDA(cudaFuncSetAttribute(MmaSplitKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(shared_bytes)));
+                                  static_cast<int>(shared_bytes)));
   std::mt19937 rng(7);
   int flushes = 0;
   auto flush = [&] { CHECK_CUDA(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes)); };

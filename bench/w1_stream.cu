@@ -130,7 +130,7 @@ int main() {
     // cudaMemcpy moves the bytes twice (read and write): its time for half as many bytes.
     Report(p, "copy", bytes, MedianMs([&] {
              CHECK_CUDA(cudaMemcpyAsync(copy_to, pool, static_cast<size_t>(bytes) / 2,
-                                   cudaMemcpyDeviceToDevice));
+                                        cudaMemcpyDeviceToDevice));
            }));
     Report(p, "warp_per_item", bytes, MedianMs([&] {
              WarpPerItem<1><<<items, kWarp, shared>>>(pool, p.slot_floats, p.heads, sums);
