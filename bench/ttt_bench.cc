@@ -123,15 +123,20 @@ absl::Status Run() {
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  const std::string timeline = absl::GetFlag(FLAGS_timeline);
   [[maybe_unused]] bool first_timeline = true;
+  if (!timeline.empty()) {  // Recording from the start, before the engines capture graphs.
 #if TTT_BENCH_TIMELINE
-  // Recording from the start, before the engines capture their graphs.
-  if (!absl::GetFlag(FLAGS_timeline).empty()) {
+    if (absl::GetFlag(FLAGS_backend) == "cpu") {
+      return absl::InvalidArgumentError("--timeline: the CUDA backend only");
+    }
     if (const absl::Status started = StartKernelTimeline(); !started.ok()) {
       return absl::Status(started.code(), absl::StrCat("--timeline: ", started.message()));
     }
-  }
+#else
+    return absl::InvalidArgumentError("--timeline: built without CUDA's CUPTI");
 #endif
+  }
   for (absl::string_view batch_text : absl::StrSplit(absl::GetFlag(FLAGS_batch), ',')) {
     int32_t batch;
     if (!absl::SimpleAtoi(batch_text, &batch) || batch <= 0) {
@@ -222,22 +227,17 @@ absl::Status Run() {
     std::printf("%s\n", result.dump().c_str());
     std::fflush(stdout);
 
-    if (const std::string path = absl::GetFlag(FLAGS_timeline); !path.empty()) {
 #if TTT_BENCH_TIMELINE
-      if (!engine.backend().starts_with("cuda")) {
-        return absl::InvalidArgumentError("--timeline: the CUDA backend only");
-      }
+    if (!timeline.empty()) {
       TTT_RETURN_IF_ERROR(TakeKernelTimeline().status());  // Forgets the steps before.
       for (int32_t s = 0; s < absl::GetFlag(FLAGS_timeline_steps); ++s) {
         TTT_RETURN_IF_ERROR(decode_step(nullptr));
       }
       TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, TakeKernelTimeline());
-      TTT_RETURN_IF_ERROR(WriteTimeline(path, batch, spans, /*append=*/!first_timeline));
+      TTT_RETURN_IF_ERROR(WriteTimeline(timeline, batch, spans, /*append=*/!first_timeline));
       first_timeline = false;
-#else
-      return absl::InvalidArgumentError("--timeline: built without CUDA's CUPTI");
-#endif
     }
+#endif
   }
   return absl::OkStatus();
 }

@@ -3,8 +3,9 @@
 // float32 outputs. A few rows (decode at small batch) go to SkinnyGemm, which streams w at the
 // memory's pace where cuBLASLt's kernels reach two thirds of it; the rest to cuBLASLt.
 //
-// Each cuBLASLt shape is planned once (its descriptors and the heuristic's kernel) and the plan kept, so a
-// step's host work is one cublasLtMatmul per product and a shape always computes the same way.
+// Each cuBLASLt shape is planned once (its descriptors and the heuristic's kernel) and the plan
+// kept, so a step's host work is one cublasLtMatmul per product and a shape always computes the
+// same way.
 // The workspace is fixed: nothing is allocated while a decode step is captured in a graph.
 #pragma once
 
