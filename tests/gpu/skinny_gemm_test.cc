@@ -220,6 +220,8 @@ std::vector<Case> Cases() {
     cases.push_back({1, 768, 130, type, Kind::kLayerNormGate, Output::kStore, false});
     cases.push_back({1, 2048, 1024, type, Kind::kRmsNorm, Output::kSwiGlu});
     cases.push_back({1, 5504, 3001, type, Kind::kRmsNorm});
+    // Many output pairs a warp, each one chunk or less (bf16) or two (float32): 125m's LM head.
+    cases.push_back({1, 768, 32000, type, Kind::kRmsNorm});
   }
   return cases;
 }
