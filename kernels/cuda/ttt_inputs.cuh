@@ -84,31 +84,63 @@ __device__ __forceinline__ float Channel(const float4& v, int i) {
   return reinterpret_cast<const float*>(&v)[i];  // i is a constant once unrolled: a register.
 }
 
-__device__ __forceinline__ void FourChannelDecodeTaps(const float* history, int D, int c,
-                                                      float4 current, Taps<4> taps[4]) {
-  const float4 oldest = Load4(history + c), older = Load4(history + D + c),
-               newest = Load4(history + 2 * D + c);
+// The history's rows (oldest first) hold the channels' three earlier inputs.
+struct FourChannelHistory {
+  float4 rows[3];
+};
+
+__device__ __forceinline__ FourChannelHistory LoadFourChannelHistory(const float* history, int D,
+                                                                     int c) {
+  return {{Load4(history + c), Load4(history + D + c), Load4(history + 2 * D + c)}};
+}
+
+__device__ __forceinline__ void FourChannelTaps(const FourChannelHistory& history, float4 current,
+                                                Taps<4> taps[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    taps[i].in[0] = Channel(oldest, i);
-    taps[i].in[1] = Channel(older, i);
-    taps[i].in[2] = Channel(newest, i);
+    taps[i].in[0] = Channel(history.rows[0], i);
+    taps[i].in[1] = Channel(history.rows[1], i);
+    taps[i].in[2] = Channel(history.rows[2], i);
     taps[i].in[3] = Channel(current, i);
   }
 }
 
+__device__ __forceinline__ void FourChannelDecodeTaps(const float* history, int D, int c,
+                                                      float4 current, Taps<4> taps[4]) {
+  FourChannelTaps(LoadFourChannelHistory(history, D, c), current, taps);
+}
+
+// The conv's bias and weights for the four channels c .. c + 3.
+struct FourChannelConvWeights {
+  float4 bias;
+  float4 weights[4];  // Channel c + i's four taps.
+};
+
+__device__ __forceinline__ FourChannelConvWeights LoadFourChannelConv(const float* w,
+                                                                      const float* b, int c) {
+  FourChannelConvWeights conv;
+  conv.bias = Load4(b + c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) conv.weights[i] = Load4(w + (c + i) * 4);
+  return conv;
+}
+
 // ConvOf for the four channels, in the same order of operations.
-__device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4], int c, const float* w,
-                                                const float* b, float out[4]) {
-  const float4 bias = Load4(b + c);
+__device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4],
+                                                const FourChannelConvWeights& conv,
+                                                float out[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float4 weights = Load4(w + (c + i) * 4);
-    float acc = Channel(bias, i);
+    float acc = Channel(conv.bias, i);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc += Channel(weights, j) * taps[i].in[j];
+    for (int j = 0; j < 4; ++j) acc += Channel(conv.weights[i], j) * taps[i].in[j];
     out[i] = acc;
   }
+}
+
+__device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4], int c, const float* w,
+                                                const float* b, float out[4]) {
+  FourChannelConv(taps, LoadFourChannelConv(w, b, c), out);
 }
 
 // ShiftHistory for the four channels: the history's rows become taps 1..3.
