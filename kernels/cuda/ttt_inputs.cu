@@ -242,9 +242,8 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
   if (rows == 0) return cudaSuccess;
   const bool quads = ck == 4 && D % 4 == 0 && D / 4 <= 1024 && history_offset % 4 == 0 &&
                      Aligned16(state.states) && state.slot_floats % 4 == 0 &&
-                     state.layer_offset % 4 == 0 &&
-                     Aligned16(h) && Aligned16(norm_weight) && Aligned16(conv_weight) &&
-                     Aligned16(conv_bias) && Aligned16(next_norm_weight);
+                     state.layer_offset % 4 == 0 && Aligned16(h) && Aligned16(norm_weight) &&
+                     Aligned16(conv_weight) && Aligned16(conv_bias) && Aligned16(next_norm_weight);
   if (quads) {
     return Launch(PreConvDecodeFourTapsKernel, rows, RoundUpToWarp(D / 4), 0, stream, h, D,
                   norm_weight, eps, conv_weight, conv_bias, segments, state, history_offset,

@@ -127,8 +127,7 @@ __device__ __forceinline__ FourChannelConvWeights LoadFourChannelConv(const floa
 
 // ConvOf for the four channels, in the same order of operations.
 __device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4],
-                                                const FourChannelConvWeights& conv,
-                                                float out[4]) {
+                                                const FourChannelConvWeights& conv, float out[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float acc = Channel(conv.bias, i);
