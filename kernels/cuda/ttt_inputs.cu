@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(1024)
 // aligned (every known model): thread t owns channels 4t .. 4t + 3, and holds in registers,
 // loaded before the previous kernel ends, all it reads but the row: the history, the conv's and
 // the norms' weights. (L1 prefetches of them, as the general form issues, are evicted before
-// use once several blocks share an SM: ~80 KB a block at d = 2048.) Same order of operations
-// per element as the general form.
+// use once several blocks share an SM: ~80 KB a block at d = 2048.) Each element takes the
+// general form's order of operations; only the row sums add in another order.
 __global__ void __launch_bounds__(1024)
     PreConvDecodeFourTapsKernel(float* h, int D, const float* norm_w, float eps, const float* w,
                                 const float* b, const Segment* segments, StateAddress state,
