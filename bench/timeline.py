@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes, as the kernels ran: from `ttt-bench --timeline FILE`.
 
-    bench/timeline.py FILE [--batch B]
+    bench/timeline.py FILE [--batch B] [--json]
 
 ncu times each kernel alone; in a step, kernels overlap (programmatic dependent launch lets one
 start while the one before it ends). So each kernel is charged only the time it adds to the
@@ -10,11 +10,14 @@ times and the gaps, when no kernel runs, add up to the step.
 
 Prints, for each batch, the step (median over the recorded steps: its span, its gaps) and a
 table by kernel name and grid size: instances a step, median span, median exposed time per
-instance, and exposed time a step, largest first.
+instance, and exposed time a step, largest first. With --json, the same as one JSON object a
+batch, which `bench/record.sh OUT.json bench/timeline.py FILE --json` stores with the commit.
 """
 import argparse
 import csv
+import json
 import statistics
+import sys
 from collections import defaultdict
 
 
@@ -52,6 +55,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file")
     parser.add_argument("--batch", type=int, help="only this batch size")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object a batch instead of the table (for bench/record.sh)")
     args = parser.parse_args()
     by_batch = defaultdict(list)
     with open(args.file, newline="") as f:
@@ -63,36 +68,58 @@ def main():
             continue
         steps = steps_of(rows)
         if not steps:
-            print(f"batch {batch}: no step recorded")
+            print(f"batch {batch}: no step recorded", file=sys.stderr if args.json else sys.stdout)
             continue
-        spans, gaps = [], []
-        per_kernel = defaultdict(lambda: {"span": [], "exposed": [], "per_step": []})
-        for step in steps:
-            kernels, exposed, span, busy = exposed_times(step)
-            spans.append(span)
-            gaps.append(span - busy)
-            step_total = defaultdict(int)
-            for r, e in zip(kernels, exposed):
-                key = (r["kernel"], int(r["grid"]))
-                per_kernel[key]["span"].append(r["end"] - r["start"])
-                per_kernel[key]["exposed"].append(e)
-                step_total[key] += e
-            for key in per_kernel:
-                per_kernel[key]["per_step"].append(step_total.get(key, 0))
-        step_us = statistics.median(spans) / 1e3
-        print(f"batch {batch}: {len(steps)} steps, step {step_us:.1f} us (median span), "
-              f"gaps {statistics.median(gaps) / 1e3:.1f} us, "
-              f"{len(steps[0])} kernels a step")
-        print(f"{'exposed/step us':>16} {'share':>6} {'count':>6} {'span us':>8} "
-              f"{'exposed us':>10}  kernel [grid]")
-        table = sorted(per_kernel.items(), key=lambda kv: -statistics.median(kv[1]["per_step"]))
-        for (name, grid), t in table:
-            per_step = statistics.median(t["per_step"]) / 1e3
-            count = len(t["span"]) / len(steps)
-            print(f"{per_step:16.1f} {per_step / step_us:6.1%} {count:6.1f} "
-                  f"{statistics.median(t['span']) / 1e3:8.2f} "
-                  f"{statistics.median(t['exposed']) / 1e3:10.2f}  {short(name)[:90]} [{grid}]")
+        summary = summarise(batch, steps)
+        if args.json:
+            print(json.dumps(summary))
+        else:
+            print_table(summary)
 
+
+def summarise(batch, steps):
+    """The batch's median step (span, gaps) and its kernels by name and grid, largest first."""
+    spans, gaps = [], []
+    per_kernel = defaultdict(lambda: {"span": [], "exposed": [], "per_step": []})
+    for step in steps:
+        kernels, exposed, span, busy = exposed_times(step)
+        spans.append(span)
+        gaps.append(span - busy)
+        step_total = defaultdict(int)
+        for r, e in zip(kernels, exposed):
+            key = (r["kernel"], int(r["grid"]))
+            per_kernel[key]["span"].append(r["end"] - r["start"])
+            per_kernel[key]["exposed"].append(e)
+            step_total[key] += e
+        for key in per_kernel:
+            per_kernel[key]["per_step"].append(step_total.get(key, 0))
+    table = sorted(per_kernel.items(), key=lambda kv: -statistics.median(kv[1]["per_step"]))
+    return {
+        "batch": batch,
+        "steps_recorded": len(steps),
+        "step_us": statistics.median(spans) / 1e3,
+        "gaps_us": statistics.median(gaps) / 1e3,
+        "kernels_per_step": len(steps[0]),
+        "kernels": [{
+            "kernel": short(name),
+            "grid": grid,
+            "count_per_step": len(t["span"]) / len(steps),
+            "span_us": statistics.median(t["span"]) / 1e3,
+            "exposed_us": statistics.median(t["exposed"]) / 1e3,
+            "exposed_per_step_us": statistics.median(t["per_step"]) / 1e3,
+        } for (name, grid), t in table],
+    }
+
+
+def print_table(s):
+    print(f"batch {s['batch']}: {s['steps_recorded']} steps, step {s['step_us']:.1f} us "
+          f"(median span), gaps {s['gaps_us']:.1f} us, {s['kernels_per_step']} kernels a step")
+    print(f"{'exposed/step us':>16} {'share':>6} {'count':>6} {'span us':>8} "
+          f"{'exposed us':>10}  kernel [grid]")
+    for k in s["kernels"]:
+        per_step = k["exposed_per_step_us"]
+        print(f"{per_step:16.1f} {per_step / s['step_us']:6.1%} {k['count_per_step']:6.1f} "
+              f"{k['span_us']:8.2f} {k['exposed_us']:10.2f}  {k['kernel'][:90]} [{k['grid']}]")
 
 if __name__ == "__main__":
     main()
