@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes, as the kernels ran: from `ttt-bench --timeline FILE`.
 
-    bench/timeline.py FILE [--batch B] [--json]
+    bench/timeline.py FILE [--batch B] [--json] [--order N]
 
 ncu times each kernel alone; in a step, kernels overlap (programmatic dependent launch lets one
 start while the one before it ends). So each kernel is charged only the time it adds to the
@@ -12,6 +12,8 @@ Prints, for each batch, the step (median over the recorded steps: its span, its 
 table by kernel name and grid size: instances a step, median span, median exposed time per
 instance, and exposed time a step, largest first. With --json, the same as one JSON object a
 batch, which `bench/record.sh OUT.json bench/timeline.py FILE --json` stores with the commit.
+With --order N, also the median step's first N kernels as they started, each with its start,
+end and exposed time: the chain of one layer, link by link.
 """
 import argparse
 import csv
@@ -57,6 +59,8 @@ def main():
     parser.add_argument("--batch", type=int, help="only this batch size")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object a batch instead of the table (for bench/record.sh)")
+    parser.add_argument("--order", type=int, metavar="N",
+                        help="also list the median step's first N kernels in start order")
     args = parser.parse_args()
     by_batch = defaultdict(list)
     with open(args.file, newline="") as f:
@@ -75,6 +79,8 @@ def main():
             print(json.dumps(summary))
         else:
             print_table(summary)
+        if args.order:
+            print_order(median_step(steps), args.order)
 
 
 def summarise(batch, steps):
@@ -109,6 +115,24 @@ def summarise(batch, steps):
             "exposed_per_step_us": statistics.median(t["per_step"]) / 1e3,
         } for (name, grid), t in table],
     }
+
+
+def median_step(steps):
+    """The step whose span is the median one."""
+    by_span = sorted(steps, key=lambda k: exposed_times(k)[2])
+    return by_span[len(by_span) // 2]
+
+
+def print_order(step, n):
+    """The step's first n kernels as they started: start and end from the step's start, span,
+    and exposed time (what a chain of dependent kernels pays at each link)."""
+    kernels, exposed, _, _ = exposed_times(step)
+    t0 = kernels[0]["start"]
+    print(f"{'start us':>9} {'end us':>8} {'span us':>8} {'exposed':>8}  kernel [grid]")
+    for r, e in list(zip(kernels, exposed))[:n]:
+        print(f"{(r['start'] - t0) / 1e3:9.2f} {(r['end'] - t0) / 1e3:8.2f} "
+              f"{(r['end'] - r['start']) / 1e3:8.2f} {e / 1e3:8.2f}  "
+              f"{short(r['kernel'])[:80]} [{r['grid']}]")
 
 
 def print_table(s):
