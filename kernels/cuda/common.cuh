@@ -3,6 +3,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "kernels/cuda_ops.h"
 
 namespace ttt::kernels::cuda {
@@ -113,6 +115,9 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
 }
 
 inline int RoundUpToWarp(int n) { return (n + kWarp - 1) / kWarp * kWarp; }
+
+// Whether p may be read in 16-byte vectors.
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Row-per-block kernels hold their row in registers: thread t has elements t + m·blockDim.x for
 // m < kRowSlice, so each row is read once, with every load issued before the reduction waits.

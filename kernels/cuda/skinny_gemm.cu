@@ -239,8 +239,6 @@ cudaError_t LaunchForRows(int rows, const ProductInput& input, const void* w, in
   }
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType type,

@@ -9,8 +9,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPrepareThreads = 512;
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // One block per row; threads over channels.
 __global__ void CausalConvKernel(const float* x, int D, const float* w, const float* b, int ck,
                                  const Segment* segments, const int32_t* row_segment,

@@ -823,19 +823,15 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
                 out);
 }
 
-bool SixteenByteAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Whether the four-channel loads of the kernel's kFourTaps form land on 16-byte boundaries.
 bool FourChannelLoadsFit(const TttProjectionInputs& in) {
   const ProjectionColumns& c = in.columns;
-  const bool projection = SixteenByteAligned(in.proj) && c.ld % 4 == 0 && c.q % 4 == 0 &&
-                          c.v % 4 == 0 && (in.share_qk || c.k % 4 == 0);
+  const bool projection = Aligned16(in.proj) && c.ld % 4 == 0 && c.q % 4 == 0 && c.v % 4 == 0 &&
+                          (in.share_qk || c.k % 4 == 0);
   const QkConv& conv = in.conv;
-  return projection &&
-         (!in.share_qk ||
-          (conv.ck == kFourTaps && conv.history_offset % 4 == 0 &&
-           SixteenByteAligned(conv.q_weight) && SixteenByteAligned(conv.q_bias) &&
-           SixteenByteAligned(conv.k_weight) && SixteenByteAligned(conv.k_bias)));
+  return projection && (!in.share_qk || (conv.ck == kFourTaps && conv.history_offset % 4 == 0 &&
+                                         Aligned16(conv.q_weight) && Aligned16(conv.q_bias) &&
+                                         Aligned16(conv.k_weight) && Aligned16(conv.k_bias)));
 }
 
 template <int kF>
