@@ -36,16 +36,67 @@ __device__ int BlockMin(int v, int* scratch_int) {
   return v;
 }
 
-// The smallest index holding `target` (the row's maximum), so ties go to the lowest id.
-__device__ int BlockFirstIndexOf(const float* row, int V, float target, int* scratch_int) {
-  int best = V;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    if (row[i] == target) {
-      best = i;
-      break;
+// What greedy decoding and every log-prob need of a row of logits: its maximum, the first id
+// holding it (ties go to the lowest id), and Σ exp(l − top). One pass over the row builds it.
+// (A plain aggregate, so that it can live in shared memory.)
+struct RowSummary {
+  float top;
+  int first;
+  float sum;  // Of exp(l − top).
+
+  static __device__ RowSummary Empty() { return {-FLT_MAX, INT_MAX, 0.0f}; }
+
+  __device__ void Add(float logit, int id) {
+    if (logit > top) {
+      sum = sum * expf(top - logit) + 1.0f;
+      top = logit;
+      first = id;
+    } else {
+      sum += expf(logit - top);
+      if (logit == top) first = min(first, id);
     }
   }
-  return BlockMin(best, scratch_int);
+  __device__ void Merge(const RowSummary& other) {
+    const float merged_top = fmaxf(top, other.top);
+    sum = sum * expf(top - merged_top) + other.sum * expf(other.top - merged_top);
+    first = top == other.top ? min(first, other.first) : (top > other.top ? first : other.first);
+    top = merged_top;
+  }
+};
+
+__device__ RowSummary WarpMerge(RowSummary s) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    RowSummary other;
+    other.top = __shfl_xor_sync(0xffffffffu, s.top, o);
+    other.first = __shfl_xor_sync(0xffffffffu, s.first, o);
+    other.sum = __shfl_xor_sync(0xffffffffu, s.sum, o);
+    s.Merge(other);
+  }
+  return s;
+}
+
+// The row's summary, for every thread of the block; the loads are 16-byte where the row allows.
+__device__ RowSummary SummarizeRow(const float* row, int V, RowSummary* scratch) {
+  RowSummary mine = RowSummary::Empty();
+  if (V % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    const float4* quads = reinterpret_cast<const float4*>(row);
+    for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
+      const float4 l = quads[q];
+      mine.Add(l.x, 4 * q);
+      mine.Add(l.y, 4 * q + 1);
+      mine.Add(l.z, 4 * q + 2);
+      mine.Add(l.w, 4 * q + 3);
+    }
+  } else {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mine.Add(row[i], i);
+  }
+  mine = WarpMerge(mine);
+  __syncthreads();
+  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = mine;
+  __syncthreads();
+  RowSummary total = RowSummary::Empty();
+  if (threadIdx.x % kWarp < blockDim.x / kWarp) total = scratch[threadIdx.x % kWarp];
+  return WarpMerge(total);
 }
 
 // The sum of v over the threads before this one (in thread order), and the block's total.
@@ -83,19 +134,17 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
                              float* logprobs) {
   __shared__ float scratch[kWarp];
   __shared__ int scratch_int[kWarp];
+  __shared__ RowSummary scratch_summary[kWarp];
   WaitForPreviousKernel();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
   const SamplingRow p = rows[blockIdx.x];
-  float local_max = -FLT_MAX;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) local_max = fmaxf(local_max, row[i]);
-  const float top = BlockMax(local_max, scratch);
-  float sum = 0;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(row[i] - top);
-  const float log_sum = logf(BlockSum(sum, scratch));
+  const RowSummary summary = SummarizeRow(row, V, scratch_summary);
+  const float top = summary.top;
+  const float log_sum = logf(summary.sum);
 
   int chosen;
   if (p.temperature == 0.0f || p.top_k == 1) {
-    chosen = BlockFirstIndexOf(row, V, top, scratch_int);
+    chosen = summary.first;
   } else {
     // Tempered scores s = (l − top)/T ≤ 0; a token is kept when s ≥ threshold.
     const float inv_t = 1.0f / p.temperature;
@@ -165,7 +214,7 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
     }
     found = BlockMin(found, scratch_int);
     // Rounding can leave the target just past the last kept token: take the most likely one.
-    chosen = found < V ? found : BlockFirstIndexOf(row, V, top, scratch_int);
+    chosen = found < V ? found : summary.first;
   }
   if (threadIdx.x == 0) {
     ids[blockIdx.x] = chosen;
