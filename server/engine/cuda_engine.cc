@@ -191,14 +191,13 @@ class CudaEngine : public Engine {
   // y [rows, out] (+)= x [rows, in] · wᵀ, w [out, in]; computes a few more rows of scratch.
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, float* y,
                     bool accumulate);
-  // y (+)= input · wᵀ for an input made by a norm: one SkinnyGemm, the norm made inside it, where
-  // it fits (decode at small batch); otherwise the norm's kernel writes the input rows into
-  // `staging` and Gemm multiplies them.
+  // input · wᵀ for an input made by a norm, written to y as `output` says (kSwiGlu: the
+  // feed-forward's activation [rows, out / 2] in the weight precision, from gate_up): one
+  // SkinnyGemm, the norm made inside it, where it fits (decode at small batch); otherwise the
+  // norm's kernel writes the input rows into `staging` and Gemm multiplies them (for kSwiGlu
+  // into scratch_.ffn, then the SwiGLU kernel).
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
-                       int64_t out, float* y, bool accumulate, void* staging);
-  // The feed-forward's activation [rows, I] = SwiGLU(input · gate_upᵀ), in act.
-  absl::Status GateUpProduct(const cu::ProductInput& input, int64_t rows, const void* gate_up,
-                             void* act);
+                       int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
 
   std::shared_ptr<const Model> model_;
@@ -649,32 +648,21 @@ absl::Status CudaEngine::Gemm(const void* x, int64_t rows, int64_t in, const voi
 }
 
 absl::Status CudaEngine::Product(const cu::ProductInput& input, int64_t rows, int64_t in,
-                                 const void* w, int64_t out, float* y, bool accumulate,
+                                 const void* w, int64_t out, cu::ProductOutput output, void* y,
                                  void* staging) {
   if (rows == 0) return absl::OkStatus();
   if (cu::SkinnyGemmFits(GemmRows(rows), input, in, gemm_type(), w)) {
-    TTT_CUDA(cu::SkinnyGemm(GemmRows(rows), input, w, in, out, gemm_type(),
-                            accumulate ? cu::ProductOutput::kAccumulate : cu::ProductOutput::kStore,
-                            y, stream_));
+    TTT_CUDA(cu::SkinnyGemm(GemmRows(rows), input, w, in, out, gemm_type(), output, y, stream_));
     return absl::OkStatus();
   }
   TTT_CUDA(cu::MakeProductInput(input, rows, in, staging, gemm_type(), stream_));
-  return Gemm(staging, rows, in, w, out, y, accumulate);
-}
-
-absl::Status CudaEngine::GateUpProduct(const cu::ProductInput& input, int64_t rows,
-                                       const void* gate_up, void* act) {
-  const int64_t D = model_->config.hidden_size, I = model_->config.intermediate_size;
-  if (rows == 0) return absl::OkStatus();
-  if (cu::SkinnyGemmFits(GemmRows(rows), input, D, gemm_type(), gate_up)) {
-    TTT_CUDA(cu::SkinnyGemm(GemmRows(rows), input, gate_up, D, 2 * I, gemm_type(),
-                            cu::ProductOutput::kSwiGlu, act, stream_));
-    return absl::OkStatus();
+  if (output != cu::ProductOutput::kSwiGlu) {
+    return Gemm(staging, rows, in, w, out, static_cast<float*>(y),
+                output == cu::ProductOutput::kAccumulate);
   }
-  Scratch& s = scratch_;
-  TTT_CUDA(cu::MakeProductInput(input, rows, D, s.x.get(), gemm_type(), stream_));
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, gate_up, 2 * I, s.ffn.get<float>(), false));
-  TTT_CUDA(cu::SwiGlu(s.ffn.get<float>(), rows, I, act, gemm_type(), stream_));
+  float* gate_up = scratch_.ffn.get<float>();
+  TTT_RETURN_IF_ERROR(Gemm(staging, rows, in, w, out, gate_up, /*accumulate=*/false));
+  TTT_CUDA(cu::SwiGlu(gate_up, rows, out / 2, y, gemm_type(), stream_));
   return absl::OkStatus();
 }
 
@@ -874,8 +862,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
                                     .source = final_rows,
                                     .weight = final_norm_,
                                     .eps = static_cast<float>(c.rms_norm_eps)};
-  TTT_RETURN_IF_ERROR(Product(final_norm, logit_rows, D, lm_head_, V, s.logits.get<float>(),
-                              /*accumulate=*/false, s.final_in.get()));
+  TTT_RETURN_IF_ERROR(Product(final_norm, logit_rows, D, lm_head_, V, cu::ProductOutput::kStore,
+                              s.logits.get(), s.final_in.get()));
   if (sample) {
     TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V,
                               s.sampling.get<cu::SamplingRow>(), chosen_ids_.get<int32_t>(),
@@ -970,13 +958,14 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                    .eps = kLayerNormEps,
                                    .gate = c.use_gate ? proj + columns_.g : nullptr,
                                    .gate_ld = columns_.ld};
-  TTT_RETURN_IF_ERROR(
-      Product(post_norm, rows, D, w.o_proj, D, h, /*accumulate=*/true, s.y_gemm.get()));
+  TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
+                              s.y_gemm.get()));
 
   // SwiGLU feed-forward.
   const cu::ProductInput ffn_norm{
       .kind = cu::ProductInput::Kind::kRmsNorm, .source = h, .weight = w.ffn_norm, .eps = rms_eps};
-  TTT_RETURN_IF_ERROR(GateUpProduct(ffn_norm, rows, w.gate_up, s.ffn_act.get()));
+  TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
+                              s.ffn_act.get(), s.x.get()));
   TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   return absl::OkStatus();
 }
