@@ -131,7 +131,9 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
                       TttStateOffsets offsets, float* out, cudaStream_t stream);
 
 // The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
-// times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`.
+// times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`. The gate
+// (the input projection's) must come from a kernel at least two launches back on the stream:
+// the kernel reads it while the previous one, which writes x, is still running.
 cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
                          float eps, const float* gate, int64_t gate_ld, void* y,
                          ElementType out_type, cudaStream_t stream);

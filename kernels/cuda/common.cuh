@@ -89,10 +89,11 @@ __device__ __forceinline__ void PrefetchToL1(const void* p) {
 
 // Programmatic dependent launch: every kernel here is launched by Launch(), which lets it start
 // while the kernel before it on the stream is still finishing. So each kernel must call
-// WaitForPreviousKernel() before it reads anything an earlier kernel wrote or writes anything an
-// earlier kernel reads; what it does before the wait (loading weights, or state only it writes)
-// overlaps the previous kernel's tail. Right after the wait it lets the next kernel start the
-// same way; at most two kernels overlap, since the next one's wait is on this one's end.
+// WaitForPreviousKernel() before it reads anything the previous kernel wrote or writes anything an
+// earlier kernel reads; what it does before the wait (loading weights, state only it writes, or
+// what kernels further back wrote) overlaps the previous kernel's tail. Right after the wait it
+// lets the next kernel start the same way; so at most two kernels overlap, and every kernel
+// before the previous one has ended when a kernel starts.
 __device__ __forceinline__ void WaitForPreviousKernel() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");

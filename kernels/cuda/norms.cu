@@ -35,21 +35,22 @@ __global__ void __launch_bounds__(1024)
   __shared__ float scratch[kWarp];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   const float* gate_row = gate + static_cast<int64_t>(blockIdx.x) * gate_ld;
-  // Everything the row needs is loaded before the first reduction waits, the weights before
-  // the previous kernel ends.
+  // Everything the row needs is loaded before the first reduction waits; the weights, and the
+  // gate with its gelu (written by an earlier kernel than the previous one, so complete by now:
+  // see PostNormGate), before the previous kernel ends.
   float v[kRowSlice], gated[kRowSlice], gain[kRowSlice], shift[kRowSlice], sum = 0;
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
     gain[m] = i < D ? w[i] : 0.0f;
     shift[m] = i < D ? b[i] : 0.0f;
+    gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
   }
   WaitForPreviousKernel();
 #pragma unroll
   for (int m = 0; m < kRowSlice; ++m) {
     const int i = threadIdx.x + m * blockDim.x;
     v[m] = i < D ? x[base + i] : 0.0f;
-    gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
     sum += v[m];
   }
   const float mean = BlockSum(sum, scratch) / D;
