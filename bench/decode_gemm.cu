@@ -3,13 +3,15 @@
 // cuda_gemm.h). Each product is y [rows, out] (+)= x [rows, in] · wᵀ, bf16 in, float32 out, for
 // the 125m and 1b presets' shapes:
 //   cublaslt       the heuristic's first kernel, planned as CudaGemm plans it.
-//   mma            ours: 128 × 64 output tiles of mma.sync (bf16, float32 sums), fed by a
-//                  three-stage cp.async pipeline.
-//   mma_split_k    the same where the tiles are too few to fill the GPU twice over, with K
+//   mma_RxO_Sstages  ours: R × O output tiles (rows × outputs) of mma.sync (bf16, float32
+//                  sums), four warps a block, fed by an S-stage cp.async pipeline: tiles of
+//                  128 × 64, 64 × 64, 64 × 32 and 32 × 64 (the smaller ones give the small
+//                  products as many blocks as cuBLASLt's kernels have), 3 to 10 stages.
+//   …_split_k      the same where the tiles are too few to fill the GPU twice over, with K
 //                  split among blocks that add their sums into y atomically (y zeroed first
 //                  when the product stores: that memset is timed with it).
 // L2 is flushed before every timed run: in a step each product's weights were last read a
-// whole step ago. Prints one JSON line per (preset, product, variant): the median of 20 runs,
+// whole step ago. An empty kernel timed the same way comes first (the timing's own cost). Prints one JSON line per (preset, product, variant): the median of 20 runs,
 // TFLOP/s, and for ours the largest difference from cuBLASLt's result over its largest value.
 //   ttt-decode-gemm
 #include <cublasLt.h>
@@ -30,11 +32,12 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kTileRows = 128, kTileOut = 64, kTileIn = 64, kStages = 3, kThreads = 128;
+constexpr int kTileIn = 64, kThreads = 128;
 // Shared rows of kTileIn + 8 elements (144 bytes apart): the eight rows an ldmatrix reads fall
 // in different banks.
 constexpr int kSharedLd = kTileIn + 8;
 
+template <int kTileRows, int kTileOut>
 struct Stage {
   bf16 x[kTileRows][kSharedLd];
   bf16 w[kTileOut][kSharedLd];
@@ -70,9 +73,6 @@ __device__ __forceinline__ void MultiplyAdd(float (&c)[4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Block (blockIdx.x, blockIdx.y, blockIdx.z): outputs [64·x, 64·x + 64) of rows
-// [128·y, 128·y + 128), over the z-th split of K (tiles_per_split tiles of 64). Four warps, each
-// 64 rows × 32 outputs: 4 × 4 mma tiles.
 // How a block writes its sums: y = sums, y += sums (the only writer), or atomically added.
 enum class Write { kStore, kAdd, kAtomicAdd };
 
@@ -84,16 +84,24 @@ __device__ __forceinline__ void WriteSum(float* y, float sum, Write write) {
   }
 }
 
+// Block (blockIdx.x, blockIdx.y, blockIdx.z): outputs [O·x, O·x + O) of rows [R·y, R·y + R),
+// over the z-th split of K (tiles_per_split tiles of 64). Four warps, two by two, each R/2 rows ×
+// O/2 outputs: kI × kJ mma tiles of 16 × 8. K's tiles come through kStages stages of shared memory,
+// kStages − 1 of them in flight.
+template <int kTileRows, int kTileOut, int kStages>
 __global__ void __launch_bounds__(kThreads)
     MmaSplitKKernel(const bf16* x, const bf16* w, float* y, int in, int out, int tiles_per_split,
                     Write write) {
+  using Stage = ::Stage<kTileRows, kTileOut>;
+  constexpr int kI = kTileRows / 2 / 16, kJ = kTileOut / 2 / 8;
+  static_assert(kI >= 1 && kJ % 2 == 0, "b's fragments are loaded 16 outputs at a time");
   extern __shared__ __align__(16) unsigned char shared[];
   Stage* stages = reinterpret_cast<Stage*>(shared);
   const int out0 = blockIdx.x * kTileOut, row0 = blockIdx.y * kTileRows;
   const int first_tile = blockIdx.z * tiles_per_split;
   const int tiles = min(in / kTileIn, first_tile + tiles_per_split) - first_tile;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warp_row = (warp / 2) * 64, warp_out = (warp % 2) * 32;
+  const int warp_row = (warp / 2) * (kTileRows / 2), warp_out = (warp % 2) * (kTileOut / 2);
 
   auto load = [&](int stage, int tile) {
     const int k0 = (first_tile + tile) * kTileIn;
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
-  float sums[4][4][4] = {};  // [16-row tile][8-output tile][fragment]
+  float sums[kI][kJ][4] = {};  // [16-row tile][8-output tile][fragment]
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) load(s, s);
     CommitCopies();
@@ -122,29 +130,29 @@ __global__ void __launch_bounds__(kThreads)
     const Stage& s = stages[t % kStages];
 #pragma unroll
     for (int k = 0; k < kTileIn; k += 16) {
-      uint32_t a[4][4], b[4][2];
+      uint32_t a[kI][4], b[kJ][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kI; ++i) {
         LoadMatrices(&s.x[warp_row + i * 16 + lane % 16][k + (lane / 16) * 8], a[i]);
       }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < kJ / 2; ++j) {
         uint32_t r[4];
         LoadMatrices(&s.w[warp_out + j * 16 + lane % 8 + (lane / 16) * 8][k + (lane / 8) % 2 * 8],
                      r);
         b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kI; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) MultiplyAdd(sums[i][j], a[i], b[j]);
+        for (int j = 0; j < kJ; ++j) MultiplyAdd(sums[i][j], a[i], b[j]);
       }
     }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kI; ++i) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < kJ; ++j) {
       const int row = row0 + warp_row + i * 16 + lane / 4;
       const int column = out0 + warp_out + j * 8 + (lane % 4) * 2;
       float* top = y + static_cast<int64_t>(row) * out + column;
@@ -250,6 +258,55 @@ void Report(const Product& p, const char* variant, double ms, double max_relativ
   std::printf("}\n");
 }
 
+__global__ void EmptyKernel() {}
+
+// Ours with R × O tiles, K whole and split so that there are about two blocks per SM; each
+// checked against cuBLASLt's result `lt` (largest magnitude `largest`).
+template <int kTileRows, int kTileOut, int kStages, typename Flush>
+void RunOurs(const Product& p, const bf16* x, const bf16* w, float* y, const std::vector<float>& lt,
+             double largest, int sms, Flush flush) {
+  if (p.rows % kTileRows != 0 || p.out % kTileOut != 0 || p.in % kTileIn != 0) {
+    std::fprintf(stderr, "%s %s: not in whole %d x %d tiles\n", p.preset, p.name, kTileRows,
+                 kTileOut);
+    std::exit(1);
+  }
+  const auto kernel = MmaSplitKKernel<kTileRows, kTileOut, kStages>;
+  const size_t shared_bytes = kStages * sizeof(Stage<kTileRows, kTileOut>);
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shared_bytes)));
+  const size_t y_count = lt.size();
+  std::vector<float> ours(y_count);
+  const int tiles = (p.out / kTileOut) * (p.rows / kTileRows), in_tiles = p.in / kTileIn;
+  const int wanted = std::clamp((2 * sms + tiles - 1) / tiles, 1, in_tiles);
+  std::vector<int> split_counts = {1};
+  if (wanted > 1) split_counts.push_back(wanted);
+  for (const int wanted_splits : split_counts) {
+    const int per_split = (in_tiles + wanted_splits - 1) / wanted_splits;
+    const int splits = (in_tiles + per_split - 1) / per_split;
+    const dim3 grid(p.out / kTileOut, p.rows / kTileRows, splits);
+    const Write write =
+        splits > 1 ? Write::kAtomicAdd : (p.accumulate ? Write::kAdd : Write::kStore);
+    auto run = [&] {
+      if (!p.accumulate && splits > 1) {
+        CHECK_CUDA(cudaMemsetAsync(y, 0, y_count * sizeof(float)));
+      }
+      kernel<<<grid, kThreads, shared_bytes>>>(x, w, y, p.in, p.out, per_split, write);
+    };
+    const double ms = MedianMs(flush, run);
+    CHECK_CUDA(cudaMemset(y, 0, y_count * sizeof(float)));
+    run();
+    CHECK_CUDA(cudaMemcpy(ours.data(), y, y_count * sizeof(float), cudaMemcpyDeviceToHost));
+    double diff = 0;
+    for (size_t e = 0; e < y_count; ++e) {
+      diff = std::max(diff, std::fabs(static_cast<double>(lt[e]) - ours[e]));
+    }
+    char name[32];
+    std::snprintf(name, sizeof(name), "mma_%dx%d_%dstages%s", kTileRows, kTileOut, kStages,
+                  splits > 1 ? "_split_k" : "");
+    Report(p, name, ms, largest > 0 ? diff / largest : diff, splits);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -273,18 +330,15 @@ int main() {
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
-  const size_t shared_bytes = kStages * sizeof(Stage);
-  CHECK_CUDA(cudaFuncSetAttribute(MmaSplitKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shared_bytes)));
   std::mt19937 rng(7);
   int flushes = 0;
   auto flush = [&] { CHECK_CUDA(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes)); };
 
+  // What the timing itself costs: an empty kernel, timed as the products are.
+  std::printf("{\"variant\":\"empty_kernel\",\"us_p50\":%.2f}\n",
+              1e3 * MedianMs(flush, [] { EmptyKernel<<<1, 32>>>(); }));
+
   for (const Product& p : products) {
-    if (p.rows % kTileRows != 0 || p.out % kTileOut != 0 || p.in % kTileIn != 0) {
-      std::fprintf(stderr, "%s %s: not in whole tiles\n", p.preset, p.name);
-      return 1;
-    }
     const std::vector<bf16> host_x = RandomBf16(static_cast<size_t>(p.rows) * p.in, rng);
     const std::vector<bf16> host_w = RandomBf16(static_cast<size_t>(p.out) * p.in, rng);
     const size_t y_count = static_cast<size_t>(p.rows) * p.out;
@@ -308,41 +362,19 @@ int main() {
 
     CHECK_CUDA(cudaMemset(y_lt, 0, y_count * sizeof(float)));
     run_lt();  // From zero: the result ours are compared with.
-    std::vector<float> lt(y_count), ours(y_count);
+    std::vector<float> lt(y_count);
     CHECK_CUDA(cudaMemcpy(lt.data(), y_lt, y_count * sizeof(float), cudaMemcpyDeviceToHost));
     double largest = 0;
     for (float v : lt) largest = std::max(largest, std::fabs(static_cast<double>(v)));
     Report(p, "cublaslt", lt_ms, -1, 0);
 
-    // Ours with K whole, and split so that there are about two blocks per SM.
-    const int tiles = (p.out / kTileOut) * (p.rows / kTileRows), in_tiles = p.in / kTileIn;
-    const int wanted = std::clamp((2 * sms + tiles - 1) / tiles, 1, in_tiles);
-    std::vector<int> split_counts = {1};
-    if (wanted > 1) split_counts.push_back(wanted);
-    for (const int wanted_splits : split_counts) {
-      const int per_split = (in_tiles + wanted_splits - 1) / wanted_splits;
-      const int splits = (in_tiles + per_split - 1) / per_split;
-      const dim3 grid(p.out / kTileOut, p.rows / kTileRows, splits);
-      const Write write =
-          splits > 1 ? Write::kAtomicAdd : (p.accumulate ? Write::kAdd : Write::kStore);
-      auto run_ours = [&] {
-        if (!p.accumulate && splits > 1) {
-          CHECK_CUDA(cudaMemsetAsync(y_ours, 0, y_count * sizeof(float)));
-        }
-        MmaSplitKKernel<<<grid, kThreads, shared_bytes>>>(x, w, y_ours, p.in, p.out, per_split,
-                                                          write);
-      };
-      const double ours_ms = MedianMs(flush, run_ours);
-      CHECK_CUDA(cudaMemset(y_ours, 0, y_count * sizeof(float)));
-      run_ours();
-      CHECK_CUDA(cudaMemcpy(ours.data(), y_ours, y_count * sizeof(float), cudaMemcpyDeviceToHost));
-      double diff = 0;
-      for (size_t e = 0; e < y_count; ++e) {
-        diff = std::max(diff, std::fabs(static_cast<double>(lt[e]) - ours[e]));
-      }
-      Report(p, splits > 1 ? "mma_split_k" : "mma", ours_ms, largest > 0 ? diff / largest : diff,
-             splits);
-    }
+    RunOurs<128, 64, 3>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<64, 64, 3>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<64, 64, 6>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<64, 32, 3>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<64, 32, 6>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<64, 32, 10>(p, x, w, y_ours, lt, largest, sms, flush);
+    RunOurs<32, 64, 6>(p, x, w, y_ours, lt, largest, sms, flush);
 
     DestroyLt(plan);
     CHECK_CUDA(cudaFree(x));
