@@ -3,83 +3,52 @@
 // cuda_gemm.h). Each product is y [rows, out] (+)= x [rows, in] · wᵀ, bf16 in, float32 out, for
 // the 125m and 1b presets' shapes:
 //   cublaslt       the heuristic's first kernel, planned as CudaGemm plans it.
-//   mma_RxO_Sstages  ours: R × O output tiles (rows × outputs) of mma.sync (bf16, float32
-//                  sums), four warps a block, fed by an S-stage cp.async pipeline: tiles of
-//                  128 × 64, 64 × 64, 64 × 32 and 32 × 64 (the smaller ones give the small
-//                  products as many blocks as cuBLASLt's kernels have), 3 to 10 stages.
-//   wgmma_64xN_Sstages  ours with Hopper's instructions: 64 × N output tiles of wgmma, fed
-//                  by TMA through S stages; one consumer warpgroup and one producer warp a block.
-//   …_split_k      the same where the tiles are too few to fill the GPU twice over, with K
-//                  split among blocks that add their sums into y atomically (y zeroed first
-//                  when the product stores: that memset is timed with it).
+//   wgmma_64xN_Sstages_Cconsumers[_cluster2]  ours with Hopper's instructions: 64 × N output
+//                  tiles of wgmma fed by TMA through S stages, C consumer warpgroups taking K's
+//                  slices in turn; with _cluster2, pairs of row tiles sharing w's slices
+//                  (TMA multicast). N from 24 to 256, where the tiles number a quarter of the
+//                  SMs to twice them (see WgmmaKernel).
+//   …_split_k      the same where the tiles are fewer than the SMs, with K split among blocks
+//                  that add their sums into y atomically (y zeroed first when the product
+//                  stores: that memset is timed with it).
+//   …_chained      the time the product adds after a row kernel (see BusyKernel).
 // L2 is flushed before every timed run: in a step each product's weights were last read a
 // whole step ago. An empty kernel timed the same way comes first (the timing's own cost).
+// TTT_GEMM_ABLATION=delivery or =compute times our kernels' copies alone or wgmmas alone.
 // Prints one JSON line per (preset, product, variant): the median of 20 runs, TFLOP/s, and for
 // ours the largest difference from cuBLASLt's result over its largest value.
-//   ttt-decode-gemm
+//   ttt-decode-gemm [PRESET/PRODUCT]      (e.g. 125m/gate_up: that product alone)
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cuda/ptx>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cuda/ptx>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "kernels/cuda/common.cuh"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
+using ttt::kernels::cuda::Launch;
+using ttt::kernels::cuda::WaitForPreviousKernel;
 
-constexpr int kTileIn = 64, kThreads = 128;
-// Shared rows of kTileIn + 8 elements (144 bytes apart): the eight rows an ldmatrix reads fall
-// in different banks.
-constexpr int kSharedLd = kTileIn + 8;
+constexpr int kTileIn = 64;
 
-template <int kTileRows, int kTileOut>
-struct Stage {
-  bf16 x[kTileRows][kSharedLd];
-  bf16 w[kTileOut][kSharedLd];
-};
-
-__device__ __forceinline__ void CopyAsync16(void* shared, const void* global) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global));
-}
-
-__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;"); }
-
-template <int kPending>
-__device__ __forceinline__ void WaitForCopies() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
-}
-
-// Four 8 × 8 bf16 matrices from shared memory, lanes 8i … 8i + 7 giving matrix i's row addresses.
-__device__ __forceinline__ void LoadMatrices(const bf16* row, uint32_t (&r)[4]) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-// c (16 × 8, float32) += a (16 × 16, bf16) · b (16 × 8, bf16).
-__device__ __forceinline__ void MultiplyAdd(float (&c)[4], const uint32_t (&a)[4],
-                                            const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// Where the time goes (TTT_GEMM_ABLATION=delivery or compute): the producer's copies with no
+// wgmma, or the wgmmas on whatever the stages hold, with no copy waited for (results wrong).
+enum class Ablation { kNone, kDeliveryOnly, kComputeOnly };
 
 // How a block writes its sums: y = sums, y += sums (the only writer), or atomically added.
 enum class Write { kStore, kAdd, kAtomicAdd };
@@ -92,128 +61,69 @@ __device__ __forceinline__ void WriteSum(float* y, float sum, Write write) {
   }
 }
 
-// Block (blockIdx.x, blockIdx.y, blockIdx.z): outputs [O·x, O·x + O) of rows [R·y, R·y + R),
-// over the z-th split of K (tiles_per_split tiles of 64). Four warps, two by two, each R/2 rows ×
-// O/2 outputs: kI × kJ mma tiles of 16 × 8. K's tiles come through kStages stages of shared memory,
-// kStages − 1 of them in flight.
-template <int kTileRows, int kTileOut, int kStages>
-__global__ void __launch_bounds__(kThreads)
-    MmaSplitKKernel(const bf16* x, const bf16* w, float* y, int in, int out, int tiles_per_split,
-                    Write write) {
-  using Stage = ::Stage<kTileRows, kTileOut>;
-  constexpr int kI = kTileRows / 2 / 16, kJ = kTileOut / 2 / 8;
-  static_assert(kI >= 1 && kJ % 2 == 0, "b's fragments are loaded 16 outputs at a time");
-  extern __shared__ __align__(16) unsigned char shared[];
-  Stage* stages = reinterpret_cast<Stage*>(shared);
-  const int out0 = blockIdx.x * kTileOut, row0 = blockIdx.y * kTileRows;
-  const int first_tile = blockIdx.z * tiles_per_split;
-  const int tiles = min(in / kTileIn, first_tile + tiles_per_split) - first_tile;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int warp_row = (warp / 2) * (kTileRows / 2), warp_out = (warp % 2) * (kTileOut / 2);
-
-  auto load = [&](int stage, int tile) {
-    const int k0 = (first_tile + tile) * kTileIn;
-    constexpr int kChunks = kTileIn / 8;  // 16-byte pieces per tile row.
-    Stage& s = stages[stage];
-    for (int c = threadIdx.x; c < kTileRows * kChunks; c += kThreads) {
-      const int r = c / kChunks, piece = c % kChunks;
-      CopyAsync16(&s.x[r][piece * 8], x + static_cast<int64_t>(row0 + r) * in + k0 + piece * 8);
-    }
-    for (int c = threadIdx.x; c < kTileOut * kChunks; c += kThreads) {
-      const int r = c / kChunks, piece = c % kChunks;
-      CopyAsync16(&s.w[r][piece * 8], w + static_cast<int64_t>(out0 + r) * in + k0 + piece * 8);
-    }
-  };
-
-  float sums[kI][kJ][4] = {};  // [16-row tile][8-output tile][fragment]
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < tiles) load(s, s);
-    CommitCopies();
-  }
-  for (int t = 0; t < tiles; ++t) {
-    WaitForCopies<kStages - 2>();
-    __syncthreads();  // Tile t is in; every warp is done with the stage loaded next.
-    if (t + kStages - 1 < tiles) load((t + kStages - 1) % kStages, t + kStages - 1);
-    CommitCopies();
-    const Stage& s = stages[t % kStages];
-#pragma unroll
-    for (int k = 0; k < kTileIn; k += 16) {
-      uint32_t a[kI][4], b[kJ][2];
-#pragma unroll
-      for (int i = 0; i < kI; ++i) {
-        LoadMatrices(&s.x[warp_row + i * 16 + lane % 16][k + (lane / 16) * 8], a[i]);
-      }
-#pragma unroll
-      for (int j = 0; j < kJ / 2; ++j) {
-        uint32_t r[4];
-        LoadMatrices(&s.w[warp_out + j * 16 + lane % 8 + (lane / 16) * 8][k + (lane / 8) % 2 * 8],
-                     r);
-        b[2 * j][0] = r[0], b[2 * j][1] = r[1], b[2 * j + 1][0] = r[2], b[2 * j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < kI; ++i) {
-#pragma unroll
-        for (int j = 0; j < kJ; ++j) MultiplyAdd(sums[i][j], a[i], b[j]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kI; ++i) {
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const int row = row0 + warp_row + i * 16 + lane / 4;
-      const int column = out0 + warp_out + j * 8 + (lane % 4) * 2;
-      float* top = y + static_cast<int64_t>(row) * out + column;
-      float* bottom = top + 8 * static_cast<int64_t>(out);
-      WriteSum(top, sums[i][j][0], write);
-      WriteSum(top + 1, sums[i][j][1], write);
-      WriteSum(bottom, sums[i][j][2], write);
-      WriteSum(bottom + 1, sums[i][j][3], write);
-    }
-  }
-}
-
-// The same product with Hopper's own instructions: the copy engine brings 64-wide slices of K
-// of x and w into shared memory (TMA, 128-byte swizzled), and wgmma multiplies a 64 × N tile a
-// 16-deep step at a time from there. A block is one consumer warpgroup (64 rows × kN outputs)
-// and one producer warp that keeps kStages − 1 slices in flight.
-constexpr int kWgmmaRows = 64, kWgmmaThreads = 128 + 32;
+// The product with Hopper's own instructions: the copy engine brings 64-wide slices of K of x
+// and w into shared memory (TMA, 128-byte swizzled), and wgmma multiplies a 64 × N tile a
+// 16-deep step at a time from there. A block is one such tile, a producer warp that keeps up to
+// `stages` slices in flight, and kConsumers warpgroups that take the slices in turn (so that
+// kConsumers chains of wgmmas run at once) and add their sums at the end. As cuBLASLt's kernels
+// do, N is any multiple of 8 (outputs past the last are read as zeros by TMA and not written),
+// chosen so that the tiles about fill the GPU once, with whole K in flight where it fits.
+constexpr int kTileRows = 64, kMaxStages = 32;
 
 // y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
-// from shared memory through their descriptors.
+// from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
+// d[4j .. 4j + 3]: outputs 8j + 2·(t % 4) + {0, 1} of rows 16·(t / 32) + (t % 32) / 4 and 8 below.
 template <int kN>
-__device__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b);
+__device__ void Wgmma(float* d, uint64_t a, uint64_t b);
 
 template <>
-__device__ __forceinline__ void Wgmma<32>(float (&d)[16], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void Wgmma<8>(float* d, uint64_t a, uint64_t b) {
   asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, "
+      "0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "l"(a), "l"(b));
 }
 
 template <>
-__device__ __forceinline__ void Wgmma<64>(float (&d)[32], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void Wgmma<16>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<32>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<64>(float* d, uint64_t a, uint64_t b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
       "}, %32, %33, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b));
 }
 
 template <>
-__device__ __forceinline__ void Wgmma<128>(float (&d)[64], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -221,17 +131,16 @@ __device__ __forceinline__ void Wgmma<128>(float (&d)[64], uint64_t a, uint64_t 
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
       "}, %64, %65, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
       : "l"(a), "l"(b));
 }
 
@@ -243,77 +152,188 @@ __device__ __forceinline__ uint64_t SwizzledTile(const bf16* tile) {
          (uint64_t{1} << 62);
 }
 
+// A 64 × N step as wgmmas of 128, 64, 32, 16 and 8 outputs: their sums line up in d as one
+// wgmma of N would hold them; `w` is the first of N rows of a swizzled slice.
+template <int kN>
+__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const bf16* w) {
+  constexpr int kPart = kN >= 128 ? 128 : kN >= 64 ? 64 : kN >= 32 ? 32 : kN >= 16 ? 16 : 8;
+  Wgmma<kPart>(d, a, SwizzledTile(w));
+  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kTileIn);
+}
+
 __device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
   }
 }
 
-template <int kN, int kStages>
-__global__ void __launch_bounds__(kWgmmaThreads)
-    WgmmaSplitKKernel(const __grid_constant__ CUtensorMap x_map,
-                      const __grid_constant__ CUtensorMap w_map, float* y, int in, int out,
-                      int tiles_per_split, Write write) {
-  constexpr int kXElements = kWgmmaRows * kTileIn, kWElements = kN * kTileIn;
+// Releases a stage in the block of rank `cta` of this block's cluster.
+__device__ __forceinline__ void ArriveInCluster(uint64_t* barrier, uint32_t cta) {
+  const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}" ::"r"(local),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ void SyncCluster() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+
+// A block's first slices of w are asked for before it waits for the previous kernel (launched
+// as Launch() does, it may start while that one ends): weights are never a kernel's output, so in
+// a step they stream in beside the row kernel that makes x. Each consumer keeps one slice's
+// wgmmas in flight while it issues its next slice's.
+//
+// With kCluster > 1, the blocks of a cluster (kCluster row tiles of the same outputs) share w's
+// slices: each block's producer brings 1/kCluster of every slice into all of them (TMA multicast),
+// so w crosses from L2 once per cluster instead of once per block. A stage is then refilled only
+// once every consumer of the cluster is done with it, and no block ends before the others are
+// done arriving on its barriers.
+template <int kN, int kConsumers, int kCluster>
+__global__ void __launch_bounds__(128 * kConsumers + 32)
+    WgmmaKernel(const __grid_constant__ CUtensorMap x_map,
+                const __grid_constant__ CUtensorMap w_map, float* y, int in, int out, int stages,
+                int tiles_per_split, Write write, Ablation ablation) {
+  static_assert(kN % (8 * kCluster) == 0 && kN <= 256);
+  constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
+  constexpr int kWPartRows = kN / kCluster;  // Of each slice of w, what one block brings.
   constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
   extern __shared__ unsigned char shared[];
-  __shared__ uint64_t full[kStages], empty[kStages];
+  __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
   // Swizzled tiles start on 1,024-byte boundaries (the launch adds that much room).
   bf16* x_tiles =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
-  bf16* w_tiles = x_tiles + kStages * kXElements;
-  const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kWgmmaRows;
+  bf16* w_tiles = x_tiles + stages * kXElements;
+  const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kTileRows;
   const int first_tile = blockIdx.z * tiles_per_split;
   const int tiles = min(in / kTileIn, first_tile + tiles_per_split) - first_tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint32_t rank = 0;
+  if constexpr (kCluster > 1) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < stages; ++s) {
       cuda::ptx::mbarrier_init(&full[s], 1);
-      cuda::ptx::mbarrier_init(&empty[s], 4);  // Each consumer warp's lane 0.
+      // Lane 0 of each warp of the slice's consumer, in every block of the cluster.
+      cuda::ptx::mbarrier_init(&empty[s], 4 * kCluster);
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    SyncCluster();  // Every block's barriers are ready before any copy or arrival reaches them.
+  } else {
+    __syncthreads();
+  }
 
-  if (warp == 4) {  // The producer.
-    if (lane == 0) {
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % kStages;
-        WaitPhase(&empty[s], (t / kStages + 1) % 2);
+  if (warp == 4 * kConsumers) {  // The producer.
+    if (lane == 0 && ablation == Ablation::kComputeOnly) WaitForPreviousKernel();
+    if (lane == 0 && ablation != Ablation::kComputeOnly) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
+      auto load_w = [&](int t) {
+        const int32_t at[2] = {(first_tile + t) * kTileIn,
+                               out0 + static_cast<int>(rank) * kWPartRows};
+        bf16* part = w_tiles + (t % stages) * kWElements + rank * kWPartRows * kTileIn;
+        if constexpr (kCluster > 1) {
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
+                                          &w_map, at, &full[t % stages],
+                                          static_cast<uint16_t>((1 << kCluster) - 1));
+        } else {
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
+                                          &w_map, at, &full[t % stages]);
+        }
+      };
+      auto load_x = [&](int t) {
+        const int32_t at[2] = {(first_tile + t) * kTileIn, row0};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        x_tiles + (t % stages) * kXElements, &x_map, at,
+                                        &full[t % stages]);
+      };
+      const int early = min(tiles, stages);
+      for (int t = 0; t < early; ++t) {
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                             cuda::ptx::space_shared, &full[s], kStageBytes);
-        const int k0 = (first_tile + t) * kTileIn;
-        const int32_t x_at[2] = {k0, row0}, w_at[2] = {k0, out0};
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        x_tiles + s * kXElements, &x_map, x_at, &full[s]);
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                        w_tiles + s * kWElements, &w_map, w_at, &full[s]);
+                                             cuda::ptx::space_shared, &full[t], kStageBytes);
+        load_w(t);
+      }
+      WaitForPreviousKernel();
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % stages;
+        if (t >= stages) {
+          WaitPhase(&empty[s], (t / stages + 1) % 2);
+          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                               cuda::ptx::space_shared, &full[s], kStageBytes);
+          load_w(t);
+        }
+        load_x(t);
+      }
+      if constexpr (kCluster > 1) {
+        for (int t = max(0, tiles - stages); t < tiles; ++t) {
+          WaitPhase(&empty[t % stages], (t / stages) % 2);
+        }
       }
     }
     return;
   }
 
+  // y is read (kAdd) and written only after the previous kernel has ended.
+  WaitForPreviousKernel();
+  auto release = [&](int s) {
+    if (lane != 0) return;
+    if constexpr (kCluster > 1) {
+      for (uint32_t cta = 0; cta < kCluster; ++cta) ArriveInCluster(&empty[s], cta);
+    } else {
+      cuda::ptx::mbarrier_arrive(&empty[s]);
+    }
+  };
+  const int consumer = warp / 4;
   float d[kN / 2] = {};
-  for (int t = 0; t < tiles; ++t) {
-    const int s = t % kStages;
-    WaitPhase(&full[s], (t / kStages) % 2);
+  int previous = -1;  // The stage of this consumer's slice still in flight.
+  for (int t = consumer; t < tiles; t += kConsumers) {
+    const int s = t % stages;
+    if (ablation != Ablation::kComputeOnly) WaitPhase(&full[s], (t / stages) % 2);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    if (ablation != Ablation::kDeliveryOnly) {
 #pragma unroll
-    for (int k = 0; k < kTileIn; k += 16) {
-      Wgmma<kN>(d, SwizzledTile(x_tiles + s * kXElements + k),
-                SwizzledTile(w_tiles + s * kWElements + k));
+      for (int k = 0; k < kTileIn; k += 16) {
+        WgmmaOfWidth<kN>(d, SwizzledTile(x_tiles + s * kXElements + k),
+                         w_tiles + s * kWElements + k);
+      }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (previous >= 0) release(previous);
+    previous = s;
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  if (previous >= 0) release(previous);
     // The sums are final only now: no read of them may move above the wait.
 #pragma unroll
-    for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    if (lane == 0) cuda::ptx::mbarrier_arrive(&empty[s]);
+  for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  if constexpr (kConsumers > 1) {
+    // The other consumers' sums come to the first through the stages, once every slice is used.
+    float* partial = reinterpret_cast<float*>(x_tiles);
+    const int thread = threadIdx.x % 128;
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+    if (consumer > 0) {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) partial[((consumer - 1) * kN / 2 + i) * 128 + thread] = d[i];
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+    if (consumer > 0) return;
+    for (int c = 1; c < kConsumers; ++c) {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
+    }
   }
-  // Warp w holds rows 16w + lane / 4 and 16w + 8 + lane / 4; outputs 8j + 2·(lane % 4) + {0, 1}.
-  const int row = row0 + 16 * warp + lane / 4;
+  const int row = row0 + 16 * (warp % 4) + lane / 4;
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
+    if (column >= out) break;
     float* top = y + static_cast<int64_t>(row) * out + column;
     float* bottom = top + 8 * static_cast<int64_t>(out);
     WriteSum(top, d[4 * j], write);
@@ -418,23 +438,44 @@ void Report(const Product& p, const char* variant, double ms, double max_relativ
 
 __global__ void EmptyKernel() {}
 
+// In a step a product follows a row kernel that makes its input. BusyKernel stands in for one
+// (256 blocks, 10 µs, letting the next kernel launch at once), and a product's time in the chain
+// is the pair's less BusyKernel's alone: for ours launched as the engine launches its kernels
+// (Launch(), so they may start early), for cuBLASLt's as it launches them. BusyKernel asks for
+// the largest shared-memory carveout, which our products need: an SM holds blocks of one carveout
+// at a time, and with the carveout the driver picks for a kernel of no shared memory, our blocks
+// did not start beside it (each product ~1.7 µs later).
+__global__ void BusyKernel() {
+  asm volatile("griddepcontrol.launch_dependents;");
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(256);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < 10000);
+}
+
+void LaunchBusy() { CHECK_CUDA(Launch(BusyKernel, 256, 192, 0, nullptr)); }
+
 // Times and checks one of our kernels, `launch(grid_x, grid_y, splits, tiles_per_split, write)`,
-// with K whole and split so that there are about two blocks per SM, reported as `name` and
-// `name`_split_k; each result is checked against cuBLASLt's `lt` (largest magnitude `largest`).
+// with K whole and, where the tiles are fewer than the SMs, split so that there is about a
+// block an SM, reported as `name` and
+// `name`_split_k, alone and after BusyKernel (`…_chained`, `busy_ms` its time alone); each result
+// is checked against cuBLASLt's `lt` (largest magnitude `largest`).
 template <typename Launch, typename Flush>
-void MeasureOurs(const Product& p, const char* name, int tile_rows, int tile_out, int sms,
-                 Flush flush, float* y, const std::vector<float>& lt, double largest,
-                 Launch launch) {
-  if (p.rows % tile_rows != 0 || p.out % tile_out != 0 || p.in % kTileIn != 0) {
-    std::fprintf(stderr, "%s %s: not in whole %d x %d tiles, %s skipped\n", p.preset, p.name,
-                 tile_rows, tile_out, name);
+void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int tile_out, int sms,
+                 Flush flush, double busy_ms, float* y, const std::vector<float>& lt,
+                 double largest, Launch launch) {
+  if (p.rows % tile_rows != 0 || p.out % 8 != 0 || p.in % kTileIn != 0) {
+    std::fprintf(stderr, "%s %s: not in whole %d-row tiles of 8-output groups, %s skipped\n",
+                 p.preset, p.name, tile_rows, name.c_str());
     return;
   }
   const size_t y_count = lt.size();
   std::vector<float> ours(y_count);
-  const int grid_x = p.out / tile_out, grid_y = p.rows / tile_rows;
+  const int grid_x = (p.out + tile_out - 1) / tile_out, grid_y = p.rows / tile_rows;
   const int tiles = grid_x * grid_y, in_tiles = p.in / kTileIn;
-  const int wanted = std::clamp((2 * sms + tiles - 1) / tiles, 1, in_tiles);
+  const int wanted = std::clamp((sms + tiles / 2) / tiles, 1, in_tiles);
   std::vector<int> split_counts = {1};
   if (wanted > 1) split_counts.push_back(wanted);
   for (const int wanted_splits : split_counts) {
@@ -442,45 +483,38 @@ void MeasureOurs(const Product& p, const char* name, int tile_rows, int tile_out
     const int splits = (in_tiles + per_split - 1) / per_split;
     const Write write =
         splits > 1 ? Write::kAtomicAdd : (p.accumulate ? Write::kAdd : Write::kStore);
-    auto run = [&] {
+    auto zero = [&] {
       if (!p.accumulate && splits > 1) {
         CHECK_CUDA(cudaMemsetAsync(y, 0, y_count * sizeof(float)));
       }
-      launch(grid_x, grid_y, splits, per_split, write);
     };
-    const double ms = MedianMs(flush, run);
+    const double ms = MedianMs(flush, [&] {
+      zero();
+      launch(grid_x, grid_y, splits, per_split, write);
+    });
+    const double chained_ms = MedianMs(flush, [&] {
+      zero();
+      LaunchBusy();
+      launch(grid_x, grid_y, splits, per_split, write);
+    });
     CHECK_CUDA(cudaMemset(y, 0, y_count * sizeof(float)));
-    run();
+    launch(grid_x, grid_y, splits, per_split, write);
     CHECK_CUDA(cudaMemcpy(ours.data(), y, y_count * sizeof(float), cudaMemcpyDeviceToHost));
     double diff = 0;
     for (size_t e = 0; e < y_count; ++e) {
       diff = std::max(diff, std::fabs(static_cast<double>(lt[e]) - ours[e]));
     }
-    Report(p, (std::string(name) + (splits > 1 ? "_split_k" : "")).c_str(), ms,
-           largest > 0 ? diff / largest : diff, splits);
+    const std::string variant = name + (splits > 1 ? "_split_k" : "");
+    const double relative_diff = largest > 0 ? diff / largest : diff;
+    Report(p, variant.c_str(), ms, relative_diff, splits);
+    Report(p, (variant + "_chained").c_str(), chained_ms - busy_ms, relative_diff, splits);
   }
-}
-
-template <int kTileRows, int kTileOut, int kStages, typename Flush>
-void RunMma(const Product& p, const bf16* x, const bf16* w, float* y,
-            const std::vector<float>& lt, double largest, int sms, Flush flush) {
-  const auto kernel = MmaSplitKKernel<kTileRows, kTileOut, kStages>;
-  const size_t shared_bytes = kStages * sizeof(Stage<kTileRows, kTileOut>);
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shared_bytes)));
-  const std::string name = "mma_" + std::to_string(kTileRows) + "x" + std::to_string(kTileOut) +
-                           "_" + std::to_string(kStages) + "stages";
-  MeasureOurs(p, name.c_str(), kTileRows, kTileOut, sms, flush, y, lt, largest,
-              [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
-                kernel<<<dim3(grid_x, grid_y, splits), kThreads, shared_bytes>>>(
-                    x, w, y, p.in, p.out, per_split, write);
-              });
 }
 
 // A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × 64, swizzled as
 // wgmma's descriptors expect.
-CUtensorMap TileMap(PFN_cuTensorMapEncodeTiled_v12000 encode, const bf16* matrix, int rows,
-                    int in, int box_rows) {
+CUtensorMap TileMap(PFN_cuTensorMapEncodeTiled_v12000 encode, const bf16* matrix, int rows, int in,
+                    int box_rows) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
@@ -496,28 +530,78 @@ CUtensorMap TileMap(PFN_cuTensorMapEncodeTiled_v12000 encode, const bf16* matrix
   return map;
 }
 
-template <int kN, int kStages, typename Flush>
+// Launch() with clusters of `cluster` blocks along y.
+template <typename... Params, typename... Args>
+cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, size_t shared_bytes,
+                           int cluster, Args... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1;
+  attributes[1].val.clusterDim.y = cluster;
+  attributes[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = threads;
+  config.dynamicSmemBytes = shared_bytes;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+// Ours at tile width kN, where its tiles number between a quarter of the SMs and twice them.
+template <int kN, int kConsumers, int kCluster, typename Flush>
 void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const bf16* x,
               const bf16* w, float* y, const std::vector<float>& lt, double largest, int sms,
-              Flush flush) {
-  const auto kernel = WgmmaSplitKKernel<kN, kStages>;
-  const size_t shared_bytes = kStages * sizeof(bf16) * (kWgmmaRows + kN) * kTileIn + 1024;
-  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shared_bytes)));
-  const CUtensorMap x_map = TileMap(encode, x, p.rows, p.in, kWgmmaRows);
-  const CUtensorMap w_map = TileMap(encode, w, p.out, p.in, kN);
-  const std::string name = "wgmma_64x" + std::to_string(kN) + "_" + std::to_string(kStages) +
-                           "stages";
-  MeasureOurs(p, name.c_str(), kWgmmaRows, kN, sms, flush, y, lt, largest,
-              [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
-                kernel<<<dim3(grid_x, grid_y, splits), kWgmmaThreads, shared_bytes>>>(
-                    x_map, w_map, y, p.in, p.out, per_split, write);
-              });
+              Flush flush, double busy_ms) {
+  if constexpr (kN % (8 * kCluster) == 0) {
+    const int tiles = (p.out + kN - 1) / kN * (p.rows / kTileRows);
+    if (4 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
+    const auto kernel = WgmmaKernel<kN, kConsumers, kCluster>;
+    const size_t stage_bytes = sizeof(bf16) * (kTileRows + kN) * kTileIn;
+    constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
+    const int stages =
+        std::min<int>({kMaxStages, p.in / kTileIn, static_cast<int>(kSharedLimit / stage_bytes)});
+    if (stages < kConsumers + 1) return;
+    // The other consumers' sums pass through the stages.
+    constexpr size_t kPartialBytes = sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
+    if constexpr (kPartialBytes > 0) {
+      if (stages * stage_bytes < kPartialBytes) return;
+    }
+    const size_t shared_bytes = stages * stage_bytes + 1024;
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(shared_bytes)));
+    const CUtensorMap x_map = TileMap(encode, x, p.rows, p.in, kTileRows);
+    const CUtensorMap w_map = TileMap(encode, w, p.out, p.in, kN / kCluster);
+    const char* ablation_name = std::getenv("TTT_GEMM_ABLATION");
+    const Ablation ablation = !ablation_name                             ? Ablation::kNone
+                              : std::string(ablation_name) == "delivery" ? Ablation::kDeliveryOnly
+                                                                         : Ablation::kComputeOnly;
+    const std::string name =
+        "wgmma_64x" + std::to_string(kN) + "_" + std::to_string(stages) + "stages_" +
+        std::to_string(kConsumers) + "consumers" +
+        (kCluster > 1 ? "_cluster" + std::to_string(kCluster) : std::string()) +
+        (ablation_name ? std::string("_") + ablation_name + "_only" : "");
+    MeasureOurs(p, name, kTileRows, kN, sms, flush, busy_ms, y, lt, largest,
+                [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
+                  CHECK_CUDA(LaunchClusters(
+                      kernel, dim3(grid_x, grid_y, splits), 128 * kConsumers + 32, shared_bytes,
+                      kCluster, x_map, w_map, y, p.in, p.out, stages, per_split, write, ablation));
+                });
+  }
+}
+
+template <int kConsumers, int kCluster, int... kWidths, typename... Args>
+void RunWgmmaWidths(std::integer_sequence<int, kWidths...>, Args&&... args) {
+  (RunWgmma<kWidths, kConsumers, kCluster>(args...), ...);
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // Optional: one product, as PRESET/PRODUCT (for a profiler run).
+  const std::string only = argc > 1 ? argv[1] : "";
   // The decode products at 256 rows (the engine's shapes: in_proj's width padded to 64).
   const Product products[] = {
       {"125m", "in_proj", 256, 768, 2368, false},  {"125m", "o_proj", 256, 768, 768, true},
@@ -554,8 +638,20 @@ int main() {
   // What the timing itself costs: an empty kernel, timed as the products are.
   std::printf("{\"variant\":\"empty_kernel\",\"us_p50\":%.2f}\n",
               1e3 * MedianMs(flush, [] { EmptyKernel<<<1, 32>>>(); }));
+  CHECK_CUDA(cudaFuncSetAttribute(BusyKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+  const double busy_ms = MedianMs(flush, LaunchBusy);
+  std::printf("{\"variant\":\"busy_kernel\",\"us_p50\":%.2f}\n", 1e3 * busy_ms);
+  // What any kernel launched as Launch() adds after it: the floor of every `…_chained` figure.
+  const double chained_empty_ms = MedianMs(flush, [] {
+    LaunchBusy();
+    CHECK_CUDA(Launch(EmptyKernel, 1, 32, 0, nullptr));
+  });
+  std::printf("{\"variant\":\"empty_kernel_chained\",\"us_p50\":%.2f}\n",
+              1e3 * (chained_empty_ms - busy_ms));
 
   for (const Product& p : products) {
+    if (!only.empty() && only != std::string(p.preset) + "/" + p.name) continue;
     const std::vector<bf16> host_x = RandomBf16(static_cast<size_t>(p.rows) * p.in, rng);
     const std::vector<bf16> host_w = RandomBf16(static_cast<size_t>(p.out) * p.in, rng);
     const size_t y_count = static_cast<size_t>(p.rows) * p.out;
@@ -585,16 +681,20 @@ int main() {
     for (float v : lt) largest = std::max(largest, std::fabs(static_cast<double>(v)));
     Report(p, "cublaslt", lt_ms, -1, 0);
 
-    RunMma<128, 64, 3>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<64, 64, 3>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<64, 64, 6>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<64, 32, 3>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<64, 32, 6>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<64, 32, 10>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunMma<32, 64, 6>(p, x, w, y_ours, lt, largest, sms, flush);
-    RunWgmma<32, 8>(encode, p, x, w, y_ours, lt, largest, sms, flush);
-    RunWgmma<64, 8>(encode, p, x, w, y_ours, lt, largest, sms, flush);
-    RunWgmma<128, 6>(encode, p, x, w, y_ours, lt, largest, sms, flush);
+    Report(p, "cublaslt_chained",
+           MedianMs(flush,
+                    [&] {
+                      LaunchBusy();
+                      run_lt();
+                    }) -
+               busy_ms,
+           -1, 0);
+
+    constexpr std::integer_sequence<int, 24, 32, 48, 64, 72, 96, 128, 168, 192, 256> kWidths;
+    RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 2>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
 
     DestroyLt(plan);
     CHECK_CUDA(cudaFree(x));
