@@ -432,7 +432,12 @@ void Report(const Product& p, const char* variant, double ms, double max_relativ
       p.preset, p.name, p.rows, p.in, p.out, p.accumulate ? "true" : "false", variant, 1e3 * ms,
       flops / ms / 1e9);
   if (splits > 0) std::printf(",\"splits\":%d", splits);
-  if (max_relative_diff >= 0) std::printf(",\"max_relative_diff\":%.3g", max_relative_diff);
+  // Not finite where the result is wrong everywhere (as under TTT_GEMM_ABLATION=compute).
+  if (!std::isfinite(max_relative_diff)) {
+    std::printf(",\"max_relative_diff\":null");
+  } else if (max_relative_diff >= 0) {
+    std::printf(",\"max_relative_diff\":%.3g", max_relative_diff);
+  }
   std::printf("}\n");
 }
 
