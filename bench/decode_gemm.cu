@@ -53,12 +53,20 @@ enum class Ablation { kNone, kDeliveryOnly, kComputeOnly };
 // How a block writes its sums: y = sums, y += sums (the only writer), or atomically added.
 enum class Write { kStore, kAdd, kAtomicAdd };
 
-__device__ __forceinline__ void WriteSum(float* y, float sum, Write write) {
+// Two adjacent sums, y[0] and y[1] (8-byte aligned).
+__device__ __forceinline__ void WriteSums(float* y, float first, float second, Write write) {
   if (write == Write::kAtomicAdd) {
-    atomicAdd(y, sum);
-  } else {
-    *y = write == Write::kAdd ? *y + sum : sum;
+    atomicAdd(y, first);
+    atomicAdd(y + 1, second);
+    return;
   }
+  float2 sums = make_float2(first, second);
+  if (write == Write::kAdd) {
+    const float2 earlier = *reinterpret_cast<const float2*>(y);
+    sums.x += earlier.x;
+    sums.y += earlier.y;
+  }
+  *reinterpret_cast<float2*>(y) = sums;
 }
 
 // The product with Hopper's own instructions: the copy engine brings 64-wide slices of K of x
@@ -166,14 +174,16 @@ __device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
   }
 }
 
-// Releases a stage in the block of rank `cta` of this block's cluster.
+// Releases a stage in the block of rank `cta` of this block's cluster. The release is the
+// block's own (.cta, the default), as the stage's reads were: a cluster-scope release is a
+// fence that waits for every memory operation of the warp.
 __device__ __forceinline__ void ArriveInCluster(uint64_t* barrier, uint32_t cta) {
   const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
   asm volatile(
       "{\n"
       ".reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
       "}" ::"r"(local),
       "r"(cta)
       : "memory");
@@ -336,10 +346,8 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     if (column >= out) break;
     float* top = y + static_cast<int64_t>(row) * out + column;
     float* bottom = top + 8 * static_cast<int64_t>(out);
-    WriteSum(top, d[4 * j], write);
-    WriteSum(top + 1, d[4 * j + 1], write);
-    WriteSum(bottom, d[4 * j + 2], write);
-    WriteSum(bottom + 1, d[4 * j + 3], write);
+    WriteSums(top, d[4 * j], d[4 * j + 1], write);
+    WriteSums(bottom, d[4 * j + 2], d[4 * j + 3], write);
   }
 }
 
