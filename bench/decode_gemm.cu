@@ -12,6 +12,9 @@
 //                  that add their sums into y atomically (y zeroed first when the product
 //                  stores: that memset is timed with it).
 //   …_chained      the time the product adds after a row kernel (see BusyKernel).
+//   cublaslt_then_swiglu, …_swiglu  gate_up as the engine runs it (cuBLASLt's product, then the
+//                  engine's SwiGLU kernel writing the bf16 activation), and ours writing that
+//                  activation from its epilogue (checked against cuBLASLt's sums through SwiGLU).
 // L2 is flushed before every timed run: in a step each product's weights were last read a
 // whole step ago. An empty kernel timed the same way comes first (the timing's own cost).
 // TTT_GEMM_ABLATION=delivery or =compute times our kernels' copies alone or wgmmas alone.
@@ -42,6 +45,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using ttt::kernels::cuda::Launch;
+using ttt::kernels::cuda::Swish;
 using ttt::kernels::cuda::WaitForPreviousKernel;
 
 constexpr int kTileIn = 64;
@@ -50,8 +54,10 @@ constexpr int kTileIn = 64;
 // wgmma, or the wgmmas on whatever the stages hold, with no copy waited for (results wrong).
 enum class Ablation { kNone, kDeliveryOnly, kComputeOnly };
 
-// How a block writes its sums: y = sums, y += sums (the only writer), or atomically added.
-enum class Write { kStore, kAdd, kAtomicAdd };
+// How a block writes its sums: y = sums, y += sums (the only writer), atomically added, or as
+// the feed-forward's activation: outputs 2c and 2c + 1 are gate and up of channel c (the engine
+// lays gate_up's weights out so), and y is bf16 [rows, out / 2] with silu(gate) · up.
+enum class Write { kStore, kAdd, kAtomicAdd, kSwiGlu };
 
 // Two adjacent sums, y[0] and y[1] (8-byte aligned).
 __device__ __forceinline__ void WriteSums(float* y, float first, float second, Write write) {
@@ -207,7 +213,7 @@ __device__ __forceinline__ void SyncCluster() {
 template <int kN, int kConsumers, int kCluster>
 __global__ void __launch_bounds__(128 * kConsumers + 32)
     WgmmaKernel(const __grid_constant__ CUtensorMap x_map,
-                const __grid_constant__ CUtensorMap w_map, float* y, int in, int out, int stages,
+                const __grid_constant__ CUtensorMap w_map, void* y, int in, int out, int stages,
                 int tiles_per_split, Write write, Ablation ablation) {
   static_assert(kN % (8 * kCluster) == 0 && kN <= 256);
   constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
@@ -340,11 +346,39 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
   }
   const int row = row0 + 16 * (warp % 4) + lane / 4;
+  if constexpr (kN % 16 == 0) {  // So that the tile's channels start 16-byte aligned.
+    if (write == Write::kSwiGlu) {
+      // The activation tile is staged in shared memory (w's stages, all used by now), then written
+      // 16 bytes a thread: stored from the sums' layout, a row's 2-byte pieces would be 8 bytes
+      // apart.
+      constexpr int kChannels = kN / 2;
+      bf16* staged = w_tiles;  // [kTileRows][kChannels]
+      const int top = 16 * (warp % 4) + lane / 4;
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const int channel = 4 * j + lane % 4;
+        staged[top * kChannels + channel] = __float2bfloat16(Swish(d[4 * j], d[4 * j + 1]));
+        staged[(top + 8) * kChannels + channel] =
+            __float2bfloat16(Swish(d[4 * j + 2], d[4 * j + 3]));
+      }
+      asm volatile("bar.sync 2, 128;" ::: "memory");  // The first consumer's warpgroup.
+      const int width = out / 2, channel0 = out0 / 2;
+      constexpr int kPieces = kChannels / 8;  // 16-byte pieces of a row.
+      for (int piece = threadIdx.x; piece < kTileRows * kPieces; piece += 128) {
+        const int r = piece / kPieces, c = piece % kPieces * 8;
+        if (channel0 + c >= width) continue;
+        *reinterpret_cast<uint4*>(static_cast<bf16*>(y) + static_cast<int64_t>(row0 + r) * width +
+                                  channel0 + c) =
+            *reinterpret_cast<const uint4*>(staged + r * kChannels + c);
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kN / 8; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
     if (column >= out) break;
-    float* top = y + static_cast<int64_t>(row) * out + column;
+    float* top = static_cast<float*>(y) + static_cast<int64_t>(row) * out + column;
     float* bottom = top + 8 * static_cast<int64_t>(out);
     WriteSums(top, d[4 * j], d[4 * j + 1], write);
     WriteSums(bottom, d[4 * j + 2], d[4 * j + 3], write);
@@ -356,6 +390,16 @@ struct Product {
   const char* name;
   int rows, in, out;
   bool accumulate;
+  bool swiglu = false;  // Also timed with SwiGLU after it (gate_up).
+};
+
+// What one of our kernels must write, to be checked against: cuBLASLt's result, or with
+// `swiglu` the activation made from it (bf16 [rows, out / 2]).
+struct Expected {
+  void* y;  // Where ours writes.
+  const std::vector<float>& values;
+  double largest;  // The largest magnitude among them.
+  bool swiglu;
 };
 
 // cuBLASLt's plan for a shape, as CudaGemm makes it: row-major y = x · wᵀ is column-major
@@ -471,34 +515,34 @@ __global__ void BusyKernel() {
 void LaunchBusy() { CHECK_CUDA(Launch(BusyKernel, 256, 192, 0, nullptr)); }
 
 // Times and checks one of our kernels, `launch(grid_x, grid_y, splits, tiles_per_split, write)`,
-// with K whole and, where the tiles are fewer than the SMs, split so that there is about a
-// block an SM, reported as `name` and
-// `name`_split_k, alone and after BusyKernel (`…_chained`, `busy_ms` its time alone); each result
-// is checked against cuBLASLt's `lt` (largest magnitude `largest`).
+// with K whole and, where the tiles are fewer than the SMs (and the sums are not an activation's),
+// split so that there is about a block an SM, reported as `name` and `name`_split_k, alone and
+// after BusyKernel (`…_chained`, `busy_ms` its time alone).
 template <typename Launch, typename Flush>
 void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int tile_out, int sms,
-                 Flush flush, double busy_ms, float* y, const std::vector<float>& lt,
-                 double largest, Launch launch) {
+                 Flush flush, double busy_ms, const Expected& expected, Launch launch) {
   if (p.rows % tile_rows != 0 || p.out % 8 != 0 || p.in % kTileIn != 0) {
     std::fprintf(stderr, "%s %s: not in whole %d-row tiles of 8-output groups, %s skipped\n",
                  p.preset, p.name, tile_rows, name.c_str());
     return;
   }
-  const size_t y_count = lt.size();
-  std::vector<float> ours(y_count);
+  const size_t count = expected.values.size();
+  const size_t bytes = count * (expected.swiglu ? sizeof(bf16) : sizeof(float));
   const int grid_x = (p.out + tile_out - 1) / tile_out, grid_y = p.rows / tile_rows;
   const int tiles = grid_x * grid_y, in_tiles = p.in / kTileIn;
   const int wanted = std::clamp((sms + tiles / 2) / tiles, 1, in_tiles);
   std::vector<int> split_counts = {1};
-  if (wanted > 1) split_counts.push_back(wanted);
+  if (wanted > 1 && !expected.swiglu) split_counts.push_back(wanted);
   for (const int wanted_splits : split_counts) {
     const int per_split = (in_tiles + wanted_splits - 1) / wanted_splits;
     const int splits = (in_tiles + per_split - 1) / per_split;
-    const Write write =
-        splits > 1 ? Write::kAtomicAdd : (p.accumulate ? Write::kAdd : Write::kStore);
+    const Write write = expected.swiglu ? Write::kSwiGlu
+                        : splits > 1    ? Write::kAtomicAdd
+                        : p.accumulate  ? Write::kAdd
+                                        : Write::kStore;
     auto zero = [&] {
-      if (!p.accumulate && splits > 1) {
-        CHECK_CUDA(cudaMemsetAsync(y, 0, y_count * sizeof(float)));
+      if (write == Write::kAtomicAdd && !p.accumulate) {
+        CHECK_CUDA(cudaMemsetAsync(expected.y, 0, bytes));
       }
     };
     const double ms = MedianMs(flush, [&] {
@@ -510,15 +554,22 @@ void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int t
       LaunchBusy();
       launch(grid_x, grid_y, splits, per_split, write);
     });
-    CHECK_CUDA(cudaMemset(y, 0, y_count * sizeof(float)));
+    CHECK_CUDA(cudaMemset(expected.y, 0, bytes));
     launch(grid_x, grid_y, splits, per_split, write);
-    CHECK_CUDA(cudaMemcpy(ours.data(), y, y_count * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<float> ours(count);
+    if (expected.swiglu) {
+      std::vector<bf16> act(count);
+      CHECK_CUDA(cudaMemcpy(act.data(), expected.y, bytes, cudaMemcpyDeviceToHost));
+      for (size_t e = 0; e < count; ++e) ours[e] = __bfloat162float(act[e]);
+    } else {
+      CHECK_CUDA(cudaMemcpy(ours.data(), expected.y, bytes, cudaMemcpyDeviceToHost));
+    }
     double diff = 0;
-    for (size_t e = 0; e < y_count; ++e) {
-      diff = std::max(diff, std::fabs(static_cast<double>(lt[e]) - ours[e]));
+    for (size_t e = 0; e < count; ++e) {
+      diff = std::max(diff, std::fabs(static_cast<double>(expected.values[e]) - ours[e]));
     }
     const std::string variant = name + (splits > 1 ? "_split_k" : "");
-    const double relative_diff = largest > 0 ? diff / largest : diff;
+    const double relative_diff = expected.largest > 0 ? diff / expected.largest : diff;
     Report(p, variant.c_str(), ms, relative_diff, splits);
     Report(p, (variant + "_chained").c_str(), chained_ms - busy_ms, relative_diff, splits);
   }
@@ -566,9 +617,10 @@ cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, si
 // Ours at tile width kN, where its tiles number between a quarter of the SMs and twice them.
 template <int kN, int kConsumers, int kCluster, typename Flush>
 void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const bf16* x,
-              const bf16* w, float* y, const std::vector<float>& lt, double largest, int sms,
-              Flush flush, double busy_ms) {
+              const bf16* w, const Expected& expected, int sms, Flush flush, double busy_ms) {
   if constexpr (kN % (8 * kCluster) == 0) {
+    // The activation's tiles start 16-byte aligned (see WgmmaKernel).
+    if (expected.swiglu && kN % 16 != 0) return;
     const int tiles = (p.out + kN - 1) / kN * (p.rows / kTileRows);
     if (4 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
     const auto kernel = WgmmaKernel<kN, kConsumers, kCluster>;
@@ -595,13 +647,15 @@ void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const 
         "wgmma_64x" + std::to_string(kN) + "_" + std::to_string(stages) + "stages_" +
         std::to_string(kConsumers) + "consumers" +
         (kCluster > 1 ? "_cluster" + std::to_string(kCluster) : std::string()) +
+        (expected.swiglu ? "_swiglu" : "") +
         (ablation_name ? std::string("_") + ablation_name + "_only" : "");
-    MeasureOurs(p, name, kTileRows, kN, sms, flush, busy_ms, y, lt, largest,
-                [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
-                  CHECK_CUDA(LaunchClusters(
-                      kernel, dim3(grid_x, grid_y, splits), 128 * kConsumers + 32, shared_bytes,
-                      kCluster, x_map, w_map, y, p.in, p.out, stages, per_split, write, ablation));
-                });
+    MeasureOurs(
+        p, name, kTileRows, kN, sms, flush, busy_ms, expected,
+        [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
+          CHECK_CUDA(LaunchClusters(kernel, dim3(grid_x, grid_y, splits), 128 * kConsumers + 32,
+                                    shared_bytes, kCluster, x_map, w_map, expected.y, p.in, p.out,
+                                    stages, per_split, write, ablation));
+        });
   }
 }
 
@@ -617,11 +671,16 @@ int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   // The decode products at 256 rows (the engine's shapes: in_proj's width padded to 64).
   const Product products[] = {
-      {"125m", "in_proj", 256, 768, 2368, false},  {"125m", "o_proj", 256, 768, 768, true},
-      {"125m", "gate_up", 256, 768, 4096, false},  {"125m", "down", 256, 2048, 768, true},
-      {"125m", "lm_head", 256, 768, 32000, false}, {"1b", "in_proj", 256, 2048, 6208, false},
-      {"1b", "o_proj", 256, 2048, 2048, true},     {"1b", "gate_up", 256, 2048, 11008, false},
-      {"1b", "down", 256, 5504, 2048, true},       {"1b", "lm_head", 256, 2048, 32000, false},
+      {"125m", "in_proj", 256, 768, 2368, false},
+      {"125m", "o_proj", 256, 768, 768, true},
+      {"125m", "gate_up", 256, 768, 4096, false, true},
+      {"125m", "down", 256, 2048, 768, true},
+      {"125m", "lm_head", 256, 768, 32000, false},
+      {"1b", "in_proj", 256, 2048, 6208, false},
+      {"1b", "o_proj", 256, 2048, 2048, true},
+      {"1b", "gate_up", 256, 2048, 11008, false, true},
+      {"1b", "down", 256, 5504, 2048, true},
+      {"1b", "lm_head", 256, 2048, 32000, false},
   };
   int device = 0, sms = 0, l2_bytes = 0;
   CHECK_CUDA(cudaGetDevice(&device));
@@ -704,10 +763,45 @@ int main(int argc, char** argv) {
            -1, 0);
 
     constexpr std::integer_sequence<int, 24, 32, 48, 64, 72, 96, 128, 168, 192, 256> kWidths;
-    RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
-    RunWgmmaWidths<1, 2>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 2>(kWidths, encode, p, x, w, y_ours, lt, largest, sms, flush, busy_ms);
+    const Expected sums{y_ours, lt, largest, false};
+    RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 2>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+
+    if (p.swiglu) {
+      // As the engine runs it: cuBLASLt's product, then its SwiGLU kernel; against ours with
+      // SwiGLU in the epilogue.
+      const int channels = p.out / 2;
+      bf16* act;
+      CHECK_CUDA(cudaMalloc(&act, sizeof(bf16) * p.rows * channels));
+      auto run_lt_swiglu = [&] {
+        run_lt();
+        CHECK_CUDA(ttt::kernels::cuda::SwiGlu(y_lt, p.rows, channels, act,
+                                              ttt::kernels::cuda::ElementType::kBFloat16, nullptr));
+      };
+      Report(p, "cublaslt_then_swiglu", MedianMs(flush, run_lt_swiglu), -1, 0);
+      Report(p, "cublaslt_then_swiglu_chained",
+             MedianMs(flush,
+                      [&] {
+                        LaunchBusy();
+                        run_lt_swiglu();
+                      }) -
+                 busy_ms,
+             -1, 0);
+      std::vector<float> activation(static_cast<size_t>(p.rows) * channels);
+      double largest_activation = 0;
+      for (size_t e = 0; e < activation.size(); ++e) {
+        const float gate = lt[2 * e], up = lt[2 * e + 1];
+        activation[e] = gate / (1.0f + std::exp(-gate)) * up;
+        largest_activation =
+            std::max(largest_activation, std::fabs(static_cast<double>(activation[e])));
+      }
+      const Expected swiglu{act, activation, largest_activation, true};
+      RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      CHECK_CUDA(cudaFree(act));
+    }
 
     DestroyLt(plan);
     CHECK_CUDA(cudaFree(x));
