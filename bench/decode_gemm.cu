@@ -77,12 +77,14 @@ __device__ __forceinline__ void WriteSums(float* y, float first, float second, W
 
 // The product with Hopper's own instructions: the copy engine brings 64-wide slices of K of x
 // and w into shared memory (TMA, 128-byte swizzled), and wgmma multiplies a 64 × N tile a
-// 16-deep step at a time from there. A block is one such tile, a producer warp that keeps up to
-// `stages` slices in flight, and kConsumers warpgroups that take the slices in turn (so that
-// kConsumers chains of wgmmas run at once) and add their sums at the end. As cuBLASLt's kernels
-// do, N is any multiple of 8 (outputs past the last are read as zeros by TMA and not written),
-// chosen so that the tiles about fill the GPU once, with whole K in flight where it fits.
-constexpr int kTileRows = 64, kMaxStages = 32;
+// 16-deep step at a time from there. A block is a producer warp that keeps up to `stages` slices
+// in flight and kConsumers warpgroups, which either take the slices in turn for one 64 × N tile
+// (so that kConsumers chains of wgmmas run at once) and add their sums at the end, or with
+// kByRows take 64 rows each of a 64·kConsumers × N tile (each slice of w then serves them all).
+// As cuBLASLt's kernels do, N is any multiple of 8 (outputs past the last are read as zeros by
+// TMA and not written), chosen so that the tiles about fill the GPU once, with whole K in flight
+// where it fits.
+constexpr int kGroupRows = 64, kMaxStages = 32;
 
 // y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
 // from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
@@ -210,12 +212,14 @@ __device__ __forceinline__ void SyncCluster() {
 // so w crosses from L2 once per cluster instead of once per block. A stage is then refilled only
 // once every consumer of the cluster is done with it, and no block ends before the others are
 // done arriving on its barriers.
-template <int kN, int kConsumers, int kCluster>
+template <int kN, int kConsumers, int kCluster, bool kByRows>
 __global__ void __launch_bounds__(128 * kConsumers + 32)
     WgmmaKernel(const __grid_constant__ CUtensorMap x_map,
                 const __grid_constant__ CUtensorMap w_map, void* y, int in, int out, int stages,
                 int tiles_per_split, Write write, Ablation ablation) {
   static_assert(kN % (8 * kCluster) == 0 && kN <= 256);
+  constexpr int kTileRows = kByRows ? kGroupRows * kConsumers : kGroupRows;
+  constexpr int kSliceConsumers = kByRows ? kConsumers : 1;  // Consumers of each slice.
   constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
   constexpr int kWPartRows = kN / kCluster;  // Of each slice of w, what one block brings.
   constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
@@ -234,8 +238,8 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       cuda::ptx::mbarrier_init(&full[s], 1);
-      // Lane 0 of each warp of the slice's consumer, in every block of the cluster.
-      cuda::ptx::mbarrier_init(&empty[s], 4 * kCluster);
+      // Lane 0 of each warp of the slice's consumers, in every block of the cluster.
+      cuda::ptx::mbarrier_init(&empty[s], 4 * kSliceConsumers * kCluster);
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
@@ -306,16 +310,17 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
   };
   const int consumer = warp / 4;
+  const bf16* x_rows = x_tiles + (kByRows ? consumer * kGroupRows * kTileIn : 0);
   float d[kN / 2] = {};
   int previous = -1;  // The stage of this consumer's slice still in flight.
-  for (int t = consumer; t < tiles; t += kConsumers) {
+  for (int t = kByRows ? 0 : consumer; t < tiles; t += kByRows ? 1 : kConsumers) {
     const int s = t % stages;
     if (ablation != Ablation::kComputeOnly) WaitPhase(&full[s], (t / stages) % 2);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     if (ablation != Ablation::kDeliveryOnly) {
 #pragma unroll
       for (int k = 0; k < kTileIn; k += 16) {
-        WgmmaOfWidth<kN>(d, SwizzledTile(x_tiles + s * kXElements + k),
+        WgmmaOfWidth<kN>(d, SwizzledTile(x_rows + s * kXElements + k),
                          w_tiles + s * kWElements + k);
       }
     }
@@ -329,7 +334,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     // The sums are final only now: no read of them may move above the wait.
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-  if constexpr (kConsumers > 1) {
+  if constexpr (kConsumers > 1 && !kByRows) {
     // The other consumers' sums come to the first through the stages, once every slice is used.
     float* partial = reinterpret_cast<float*>(x_tiles);
     const int thread = threadIdx.x % 128;
@@ -345,14 +350,19 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
       for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
     }
   }
-  const int row = row0 + 16 * (warp % 4) + lane / 4;
+  const int group_row0 = row0 + (kByRows ? consumer * kGroupRows : 0);
+  const int row = group_row0 + 16 * (warp % 4) + lane / 4;
   if constexpr (kN % 16 == 0) {  // So that the tile's channels start 16-byte aligned.
     if (write == Write::kSwiGlu) {
       // The activation tile is staged in shared memory (w's stages, all used by now), then written
       // 16 bytes a thread: stored from the sums' layout, a row's 2-byte pieces would be 8 bytes
       // apart.
       constexpr int kChannels = kN / 2;
-      bf16* staged = w_tiles;  // [kTileRows][kChannels]
+      if constexpr (kByRows && kConsumers > 1) {
+        // Every consumer is done with the stages before any writes over them.
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+      }
+      bf16* staged = w_tiles + consumer * kGroupRows * kChannels;  // [kGroupRows][kChannels]
       const int top = 16 * (warp % 4) + lane / 4;
 #pragma unroll
       for (int j = 0; j < kN / 8; ++j) {
@@ -361,14 +371,14 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
         staged[(top + 8) * kChannels + channel] =
             __float2bfloat16(Swish(d[4 * j + 2], d[4 * j + 3]));
       }
-      asm volatile("bar.sync 2, 128;" ::: "memory");  // The first consumer's warpgroup.
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + consumer) : "memory");  // This warpgroup.
       const int width = out / 2, channel0 = out0 / 2;
       constexpr int kPieces = kChannels / 8;  // 16-byte pieces of a row.
-      for (int piece = threadIdx.x; piece < kTileRows * kPieces; piece += 128) {
+      for (int piece = threadIdx.x % 128; piece < kGroupRows * kPieces; piece += 128) {
         const int r = piece / kPieces, c = piece % kPieces * 8;
         if (channel0 + c >= width) continue;
-        *reinterpret_cast<uint4*>(static_cast<bf16*>(y) + static_cast<int64_t>(row0 + r) * width +
-                                  channel0 + c) =
+        *reinterpret_cast<uint4*>(static_cast<bf16*>(y) +
+                                  static_cast<int64_t>(group_row0 + r) * width + channel0 + c) =
             *reinterpret_cast<const uint4*>(staged + r * kChannels + c);
       }
       return;
@@ -615,22 +625,23 @@ cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, si
 }
 
 // Ours at tile width kN, where its tiles number between a quarter of the SMs and twice them.
-template <int kN, int kConsumers, int kCluster, typename Flush>
+template <int kN, int kConsumers, int kCluster, bool kByRows, typename Flush>
 void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const bf16* x,
               const bf16* w, const Expected& expected, int sms, Flush flush, double busy_ms) {
   if constexpr (kN % (8 * kCluster) == 0) {
     // The activation's tiles start 16-byte aligned (see WgmmaKernel).
     if (expected.swiglu && kN % 16 != 0) return;
+    constexpr int kTileRows = kByRows ? kGroupRows * kConsumers : kGroupRows;
     const int tiles = (p.out + kN - 1) / kN * (p.rows / kTileRows);
     if (4 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
-    const auto kernel = WgmmaKernel<kN, kConsumers, kCluster>;
+    const auto kernel = WgmmaKernel<kN, kConsumers, kCluster, kByRows>;
     const size_t stage_bytes = sizeof(bf16) * (kTileRows + kN) * kTileIn;
     constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
     const int stages =
         std::min<int>({kMaxStages, p.in / kTileIn, static_cast<int>(kSharedLimit / stage_bytes)});
     if (stages < kConsumers + 1) return;
     // The other consumers' sums pass through the stages.
-    constexpr size_t kPartialBytes = sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
+    constexpr size_t kPartialBytes = kByRows ? 0 : sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
     if constexpr (kPartialBytes > 0) {
       if (stages * stage_bytes < kPartialBytes) return;
     }
@@ -644,8 +655,8 @@ void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const 
                               : std::string(ablation_name) == "delivery" ? Ablation::kDeliveryOnly
                                                                          : Ablation::kComputeOnly;
     const std::string name =
-        "wgmma_64x" + std::to_string(kN) + "_" + std::to_string(stages) + "stages_" +
-        std::to_string(kConsumers) + "consumers" +
+        "wgmma_" + std::to_string(kTileRows) + "x" + std::to_string(kN) + "_" +
+        std::to_string(stages) + "stages_" + std::to_string(kConsumers) + "consumers" +
         (kCluster > 1 ? "_cluster" + std::to_string(kCluster) : std::string()) +
         (expected.swiglu ? "_swiglu" : "") +
         (ablation_name ? std::string("_") + ablation_name + "_only" : "");
@@ -659,9 +670,9 @@ void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const 
   }
 }
 
-template <int kConsumers, int kCluster, int... kWidths, typename... Args>
+template <int kConsumers, int kCluster, bool kByRows, int... kWidths, typename... Args>
 void RunWgmmaWidths(std::integer_sequence<int, kWidths...>, Args&&... args) {
-  (RunWgmma<kWidths, kConsumers, kCluster>(args...), ...);
+  (RunWgmma<kWidths, kConsumers, kCluster, kByRows>(args...), ...);
 }
 
 }  // namespace
@@ -764,10 +775,12 @@ int main(int argc, char** argv) {
 
     constexpr std::integer_sequence<int, 24, 32, 48, 64, 72, 96, 128, 168, 192, 256> kWidths;
     const Expected sums{y_ours, lt, largest, false};
-    RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<1, 2>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 2>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 1, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 2, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1, true>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2, true>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
 
     if (p.swiglu) {
       // As the engine runs it: cuBLASLt's product, then its SwiGLU kernel; against ours with
@@ -798,8 +811,9 @@ int main(int argc, char** argv) {
             std::max(largest_activation, std::fabs(static_cast<double>(activation[e])));
       }
       const Expected swiglu{act, activation, largest_activation, true};
-      RunWgmmaWidths<1, 1>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
-      RunWgmmaWidths<2, 1>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<1, 1, false>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<2, 1, false>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<2, 1, true>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
       CHECK_CUDA(cudaFree(act));
     }
 
