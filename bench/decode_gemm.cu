@@ -3,11 +3,12 @@
 // cuda_gemm.h). Each product is y [rows, out] (+)= x [rows, in] · wᵀ, bf16 in, float32 out, for
 // the 125m and 1b presets' shapes:
 //   cublaslt       the heuristic's first kernel, planned as CudaGemm plans it.
-//   wgmma_64xN_Sstages_Cconsumers[_cluster2]  ours with Hopper's instructions: 64 × N output
-//                  tiles of wgmma fed by TMA through S stages, C consumer warpgroups taking K's
-//                  slices in turn; with _cluster2, pairs of row tiles sharing w's slices
-//                  (TMA multicast). N from 24 to 256, where the tiles number a quarter of the
-//                  SMs to twice them (see WgmmaKernel).
+//   wgmma_RxN_Sstages_Cconsumers[_cluster2]  ours with Hopper's instructions: R × N output
+//                  tiles of wgmma fed by TMA through S stages; R = 64 with C consumer
+//                  warpgroups taking K's slices in turn, or R = 128 with one on each 64 rows;
+//                  with _cluster2, pairs of row tiles sharing w's slices (TMA multicast). N from
+//                  24 to 256, where the tiles number a quarter of the SMs to twice them (see
+//                  WgmmaKernel).
 //   …_split_k      the same where the tiles are fewer than the SMs, with K split among blocks
 //                  that add their sums into y atomically (y zeroed first when the product
 //                  stores: that memset is timed with it).
