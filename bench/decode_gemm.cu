@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   if (previous >= 0) release(previous);
-    // The sums are final only now: no read of them may move above the wait.
+  // The sums are final only now: no read of them may move above the wait.
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
   if constexpr (kConsumers > 1 && !kByRows) {
