@@ -332,9 +332,10 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   if (previous >= 0) release(previous);
-  // The sums are final only now: no read of them may move above the wait.
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kN / 2; ++i) {
+    asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
+  }
   if constexpr (kConsumers > 1 && !kByRows) {
     // The other consumers' sums come to the first through the stages, once every slice is used.
     float* partial = reinterpret_cast<float*>(x_tiles);
