@@ -807,8 +807,7 @@ int main(int argc, char** argv) {
       std::vector<float> activation(static_cast<size_t>(p.rows) * channels);
       double largest_activation = 0;
       for (size_t e = 0; e < activation.size(); ++e) {
-        const float gate = lt[2 * e], up = lt[2 * e + 1];
-        activation[e] = gate / (1.0f + std::exp(-gate)) * up;
+        activation[e] = Swish(lt[2 * e], lt[2 * e + 1]);
         largest_activation =
             std::max(largest_activation, std::fabs(static_cast<double>(activation[e])));
       }

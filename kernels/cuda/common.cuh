@@ -34,8 +34,8 @@ __device__ __forceinline__ float Gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
-// The feed-forward's activation: silu(gate) · up.
-__device__ __forceinline__ float Swish(float gate, float up) {
+// The feed-forward's activation: silu(gate) · up (on the host too, for the checks of kernels).
+__host__ __device__ __forceinline__ float Swish(float gate, float up) {
   return gate / (1.0f + expf(-gate)) * up;
 }
 
