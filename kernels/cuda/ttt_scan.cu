@@ -65,7 +65,48 @@ __device__ void DualCoefficients(const float* a, const float* rows, int width, i
   }
 }
 
-__global__ void TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all,
+// Σ_d a[d] · W[d, c] over W's `rows` for each column c < width of W [rows, width], all of the
+// block's threads taking part: with parts = blockDim.x / width, thread t sums column t % width
+// over rows t / width, t / width + parts, …, and thread c < width adds the parts (through
+// `partial`, blockDim.x floats of shared memory) and returns the sum; the others return 0. At
+// TTT-MLP's second layer (width f, rows 4f) a thread per column alone would walk 4f rows with
+// three quarters of the block idle.
+__device__ float RowsTimesMatrix(const float* a, const float* W, int rows, int width,
+                                 float* partial) {
+  const int t = threadIdx.x, parts = blockDim.x / width, column = t % width, part = t / width;
+  float sum = 0;
+  if (part < parts) {
+#pragma unroll 16
+    for (int d = part; d < rows; d += parts) sum += a[d] * W[d * width + column];
+  }
+  partial[t] = sum;
+  __syncthreads();
+  float total = 0;
+  if (t < width) {
+    for (int i = 0; i < parts; ++i) total += partial[i * width + t];
+  }
+  __syncthreads();  // `partial` may be written again.
+  return total;
+}
+
+// W [rows, width] times the column v [width], into out [rows] (shared): a warp a row at a time, its
+// lanes reading the row's consecutive elements (a thread a row would read with a stride of
+// `width`, a sector per element).
+__device__ void MatrixTimesColumn(const float* W, int rows, int width, const float* v,
+                                  float* out) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  for (int d = warp; d < rows; d += blockDim.x / kWarp) {
+    float dot = 0;
+    for (int e = lane; e < width; e += kWarp) dot += v[e] * W[d * width + e];
+    dot = WarpSum(dot);
+    if (lane == 0) out[d] = dot;
+  }
+}
+
+// Threads of TttScanKernel: a block's are a thread per column of W1 (f1 ≤ 1,024).
+constexpr int kMaxScanThreads = 1024;
+
+__global__ void __launch_bounds__(kMaxScanThreads) TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all,
                               const float* k_all, const float* v_all, const float* lr_all,
                               StateAddress state, TttStateOffsets off, float* out_all) {
   WaitForPreviousKernel();
@@ -78,6 +119,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
   float* x2 = x2bar + f1;  // [f1] (mlp)
   float* g2 = x2 + f1;     // [f] (mlp)
   float* staged = g2 + f;  // [K, f + f1]: a window's pending rows, staged for the commit.
+  float* partial = staged + K * (f + f1);  // [blockDim.x]: RowsTimesMatrix's parts.
 
   const Segment seg = segments[blockIdx.x / nh];
   const int head = blockIdx.x % nh;
@@ -113,7 +155,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
     float z1 = 0, zq = 0;
     if (in_f1) {
       z1 = zq = b1[c];
-#pragma unroll 8
+#pragma unroll 16
       for (int d = 0; d < f; ++d) {
         const float w = W1[d * f1 + c];
         z1 += k[d] * w;
@@ -142,12 +184,7 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
       // Key side: x2 = gelu(z1), z2 = x2 W2 + b2, g2 at z2, g1 = (g2 W2ᵀ) ⊙ gelu′(z1).
       if (in_f1) x2[c] = Gelu(z1);
       __syncthreads();
-      float z2 = 0;
-      if (in_f) {
-        z2 = b2[c];
-#pragma unroll 8
-        for (int d = 0; d < f1; ++d) z2 += x2[d] * W2[d * f + c];
-      }
+      const float z2 = (in_f ? b2[c] : 0.0f) + RowsTimesMatrix(x2, W2, f1, f, partial);
       float unused;
       const float target = in_f ? v_c - k[c] : 0.0f;
       const float g2_c =
@@ -160,17 +197,17 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
       if (in_f1) px2[r * f1 + c] = x2[c];
       if (c == 0) plr[r] = lr_t;
       __syncthreads();
-      if (in_f1) {
-        float back = 0;
-        for (int e = 0; e < f; ++e) back += g2[e] * W2[c * f + e];
-        pg1[r * f1 + c] = back * GeluDerivative(z1);
-      }
+      float* back = partial;  // [f1]: g2 W2ᵀ.
+      MatrixTimesColumn(W2, f1, f, g2, back);
+      __syncthreads();
+      if (in_f1) pg1[r * f1 + c] = back[c] * GeluDerivative(z1);
       __syncthreads();
       // Query side, first layer.
       DualCoefficients(q, pk, f, r, p.tau[r], plr, shared.coef);
       __syncthreads();
       if (in_f1) {
         float zbar1 = zq;
+#pragma unroll 8
         for (int j = 0; j <= r; ++j) zbar1 -= shared.coef[j] * pg1[j * f1 + c];
         x2bar[c] = Gelu(zbar1);
       }
@@ -178,11 +215,10 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
       // Second layer.
       DualCoefficients(x2bar, px2, f1, r, p.tau[r], plr, shared.coef);
       __syncthreads();
-      zbar = 0;
+      zbar = RowsTimesMatrix(x2bar, W2, f1, f, partial);
       if (in_f) {
-        zbar = b2[c];
+        zbar += b2[c];
 #pragma unroll 8
-        for (int d = 0; d < f1; ++d) zbar += x2bar[d] * W2[d * f + c];
         for (int j = 0; j <= r; ++j) zbar -= shared.coef[j] * pg2[j * f + c];
       }
     }
@@ -203,12 +239,18 @@ __global__ void TttScanKernel(TttScanParams p, const Segment* segments, const fl
           a[i] = tau * plr[i / left_width] * left[i];
         for (int i = c; i < K * right_width; i += blockDim.x) g[i] = right[i];
         __syncthreads();
-        if (c < right_width) {
-          for (int d = 0; d < left_width; ++d) {
+        // Every thread takes part, as in RowsTimesMatrix: column c % right_width, rows
+        // c / right_width + parts · i.
+        const int parts = blockDim.x / right_width, column = c % right_width;
+        if (c < parts * right_width) {
+          for (int d = c / right_width; d < left_width; d += parts) {
             float update = 0;
-            for (int j = 0; j < K; ++j) update += a[j * left_width + d] * g[j * right_width + c];
-            W[d * right_width + c] -= update;
+            for (int j = 0; j < K; ++j)
+              update += a[j * left_width + d] * g[j * right_width + column];
+            W[d * right_width + column] -= update;
           }
+        }
+        if (c < right_width) {
           float update = 0;
           for (int j = 0; j < K; ++j) update += tau * plr[j] * g[j * right_width + c];
           b[c] -= update;
@@ -876,7 +918,7 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
                     const float* q, const float* k, const float* v, const float* lr,
                     StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream) {
   if (num_segments == 0) return cudaSuccess;
-  if (params.K > kMaxK || params.f1 > 1024) return cudaErrorInvalidValue;
+  if (params.K > kMaxK || params.f1 > kMaxScanThreads) return cudaErrorInvalidValue;
   if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF &&
       SixteenByteAligned(params, state, offsets) &&
       PrefillSharedBytes(params) <= kDefaultSharedBytes) {
@@ -886,7 +928,7 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
   }
   const int threads = RoundUpToWarp(params.f1);
   const size_t shared_bytes =
-      sizeof(float) * (3 * params.f + 2 * params.f1 + params.K * (params.f + params.f1));
+      sizeof(float) * (3 * params.f + 2 * params.f1 + params.K * (params.f + params.f1) + threads);
   return Launch(TttScanKernel, num_segments * params.nh, threads, shared_bytes, stream, params,
                 segments, q, k, v, lr, state, offsets, out);
 }
