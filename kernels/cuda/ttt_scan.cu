@@ -89,17 +89,29 @@ __device__ float RowsTimesMatrix(const float* a, const float* W, int rows, int w
   return total;
 }
 
-// W [rows, width] times the column v [width], into out [rows] (shared): a warp a row at a time, its
-// lanes reading the row's consecutive elements (a thread a row would read with a stride of
-// `width`, a sector per element).
-__device__ void MatrixTimesColumn(const float* W, int rows, int width, const float* v,
-                                  float* out) {
+// W [rows, width] times the column v [width], into out [rows] (shared): each warp takes
+// kRowsAtOnce rows at a time, its lanes reading each row's consecutive elements (a thread a row
+// would read with a stride of `width`, a sector per element), all of those rows' loads in flight
+// together (a row at a time, each row's sum would wait for its loads).
+__device__ void MatrixTimesColumn(const float* __restrict__ W, int rows, int width,
+                                  const float* __restrict__ v, float* __restrict__ out) {
+  constexpr int kRowsAtOnce = 16;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  for (int d = warp; d < rows; d += blockDim.x / kWarp) {
-    float dot = 0;
-    for (int e = lane; e < width; e += kWarp) dot += v[e] * W[d * width + e];
-    dot = WarpSum(dot);
-    if (lane == 0) out[d] = dot;
+  for (int d0 = warp * kRowsAtOnce; d0 < rows; d0 += blockDim.x / kWarp * kRowsAtOnce) {
+    float dot[kRowsAtOnce] = {};
+    for (int e = lane; e < width; e += kWarp) {
+      float w[kRowsAtOnce];
+#pragma unroll
+      for (int i = 0; i < kRowsAtOnce; ++i) w[i] = d0 + i < rows ? W[(d0 + i) * width + e] : 0.0f;
+      const float v_e = v[e];
+#pragma unroll
+      for (int i = 0; i < kRowsAtOnce; ++i) dot[i] += v_e * w[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsAtOnce; ++i) {
+      const float sum = WarpSum(dot[i]);
+      if (lane == 0 && d0 + i < rows) out[d0 + i] = sum;
+    }
   }
 }
 
