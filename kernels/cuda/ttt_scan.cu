@@ -247,19 +247,35 @@ __global__ void __launch_bounds__(kMaxScanThreads) TttScanKernel(TttScanParams p
         float* a = staged;                   // [K, left_width]
         float* g = staged + K * left_width;  // [K, right_width]
         __syncthreads();
+#pragma unroll 8
         for (int i = c; i < K * left_width; i += blockDim.x)
           a[i] = tau * plr[i / left_width] * left[i];
+#pragma unroll 8
         for (int i = c; i < K * right_width; i += blockDim.x) g[i] = right[i];
         __syncthreads();
         // Every thread takes part, as in RowsTimesMatrix: column c % right_width, rows
-        // c / right_width + parts · i.
+        // c / right_width + parts · i, kRowsAtOnce of them loaded together (one at a time, each
+        // row's update waited for its load).
+        constexpr int kRowsAtOnce = 8;
         const int parts = blockDim.x / right_width, column = c % right_width;
         if (c < parts * right_width) {
-          for (int d = c / right_width; d < left_width; d += parts) {
-            float update = 0;
-            for (int j = 0; j < K; ++j)
-              update += a[j * left_width + d] * g[j * right_width + column];
-            W[d * right_width + column] -= update;
+          for (int d0 = c / right_width; d0 < left_width; d0 += kRowsAtOnce * parts) {
+            float w[kRowsAtOnce];
+#pragma unroll
+            for (int i = 0; i < kRowsAtOnce; ++i) {
+              const int d = d0 + i * parts;
+              w[i] = d < left_width ? W[d * right_width + column] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < kRowsAtOnce; ++i) {
+              const int d = d0 + i * parts;
+              if (d >= left_width) break;
+              float update = 0;
+              for (int j = 0; j < K; ++j) {
+                update += a[j * left_width + d] * g[j * right_width + column];
+              }
+              W[d * right_width + column] = w[i] - update;
+            }
           }
         }
         if (c < right_width) {
