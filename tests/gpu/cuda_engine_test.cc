@@ -1,5 +1,6 @@
 // The CUDA engine against the golden vectors and against the CPU engine. Skips without a GPU.
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -103,6 +104,58 @@ INSTANTIATE_TEST_SUITE_P(AllGoldenModels, CudaGoldenTest,
                            return name;
                          });
 
+// The CPU engine and a GPU engine fed the same random tokens side by side: prompts of the given
+// lengths (their logits as `prompt_logits` asks), then `steps` decode steps of a token a sequence,
+// all sequences together. `compare(cpu_logits, gpu_logits)` sees the logits of every call that
+// returns some.
+void RunSideBySide(
+    Engine& cpu, Engine& gpu, int32_t vocab_size, const std::vector<int64_t>& prompt_lengths,
+    int steps, LogitsFor prompt_logits, uint32_t seed,
+    const std::function<void(const std::vector<float>&, const std::vector<float>&)>& compare) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, vocab_size - 1);
+  std::vector<std::vector<int32_t>> tokens(prompt_lengths.size());
+  std::vector<SequenceChunk> cpu_batch, gpu_batch;
+  for (size_t s = 0; s < prompt_lengths.size(); ++s) {
+    tokens[s].resize(prompt_lengths[s] + steps);
+    for (int32_t& t : tokens[s]) t = token(rng);
+    const std::span<const int32_t> prompt = std::span(tokens[s]).first(prompt_lengths[s]);
+    cpu_batch.push_back({*cpu.CreateSequence(), prompt});
+    gpu_batch.push_back({*gpu.CreateSequence(), prompt});
+  }
+  std::vector<float> cpu_logits, gpu_logits;
+  ASSERT_TRUE(cpu.Forward(cpu_batch, prompt_logits, &cpu_logits).ok());
+  ASSERT_TRUE(gpu.Forward(gpu_batch, prompt_logits, &gpu_logits).ok());
+  if (prompt_logits != LogitsFor::kNone) compare(cpu_logits, gpu_logits);
+  for (int step = 0; step < steps; ++step) {
+    for (size_t s = 0; s < tokens.size(); ++s) {
+      cpu_batch[s].tokens = gpu_batch[s].tokens =
+          std::span(tokens[s]).subspan(prompt_lengths[s] + step, 1);
+    }
+    ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kLastToken, &cpu_logits).ok());
+    ASSERT_TRUE(gpu.Forward(gpu_batch, LogitsFor::kLastToken, &gpu_logits).ok());
+    compare(cpu_logits, gpu_logits);
+  }
+}
+
+// The bf16 bounds' measures over rows of logits: ‖out − ref‖ / ‖ref‖, and how many rows agree on
+// their argmax.
+struct Bf16Agreement {
+  double diff = 0, norm = 0;
+  int64_t agree = 0, positions = 0;
+
+  void Add(std::span<const float> out, std::span<const float> ref) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      diff += (out[i] - ref[i]) * (out[i] - ref[i]);
+      norm += ref[i] * ref[i];
+    }
+    agree += std::max_element(out.begin(), out.end()) - out.begin() ==
+             std::max_element(ref.begin(), ref.end()) - ref.begin();
+    ++positions;
+  }
+  double relative() const { return std::sqrt(diff / norm); }
+};
+
 // bf16 weights: relative error per model, and argmax agreement pooled over every golden position
 // (one model's 74 positions make a single near-tie worth 1.4%).
 TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
@@ -115,32 +168,24 @@ TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
     auto engine = MakeCudaEngine(*model, WeightPrecision::kBFloat16);
     ASSERT_NE(engine, nullptr);
     for (const int64_t chunk : {golden.length, int64_t{1}}) {
-      double diff = 0, norm = 0;
-      int64_t model_agree = 0, model_positions = 0;
+      Bf16Agreement model_agreement;
       for (int64_t b = 0; b < golden.batch; ++b) {
         const SequenceSlot slot = *engine->CreateSequence();
         const std::vector<float> logits =
             testing::FeedInChunks(*engine, slot, golden.input_ids[b], {chunk});
         ASSERT_TRUE(engine->ReleaseSequence(slot).ok());
         for (int64_t t = 0; t < golden.length; ++t) {
-          std::span<const float> ref = golden.Row(golden.prefill_logits, b, t, golden.length);
-          std::span<const float> out = std::span(logits).subspan(t * golden.vocab, golden.vocab);
-          for (int64_t i = 0; i < golden.vocab; ++i) {
-            diff += (out[i] - ref[i]) * (out[i] - ref[i]);
-            norm += ref[i] * ref[i];
-          }
-          model_agree += std::max_element(out.begin(), out.end()) - out.begin() ==
-                         std::max_element(ref.begin(), ref.end()) - ref.begin();
-          ++model_positions;
+          model_agreement.Add(std::span(logits).subspan(t * golden.vocab, golden.vocab),
+                              golden.Row(golden.prefill_logits, b, t, golden.length));
         }
       }
-      const double relative = std::sqrt(diff / norm);
       std::printf("[cuda-bf16] %-16s chunk %-3lld relative error %.3g, argmax agreement %lld/%lld\n",
-                  name.c_str(), static_cast<long long>(chunk), relative,
-                  static_cast<long long>(model_agree), static_cast<long long>(model_positions));
-      EXPECT_LE(relative, 2e-2) << name;
-      agree += model_agree;
-      positions += model_positions;
+                  name.c_str(), static_cast<long long>(chunk), model_agreement.relative(),
+                  static_cast<long long>(model_agreement.agree),
+                  static_cast<long long>(model_agreement.positions));
+      EXPECT_LE(model_agreement.relative(), 2e-2) << name;
+      agree += model_agreement.agree;
+      positions += model_agreement.positions;
     }
   }
   std::printf("[cuda-bf16] argmax agreement over all golden positions: %.2f%%\n",
@@ -166,51 +211,23 @@ TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
   CpuEngine cpu(model);
   auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, 256);
   ASSERT_NE(gpu, nullptr);
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
-  constexpr int kSequences = 256, kSteps = 20;
-  std::vector<std::vector<int32_t>> tokens(kSequences);
+  constexpr int kSequences = 256;
   std::vector<int64_t> prompt_lengths(kSequences);
-  std::vector<SequenceChunk> cpu_batch, gpu_batch;
-  for (int s = 0; s < kSequences; ++s) {
-    prompt_lengths[s] = 1 + s % 23;
-    tokens[s].resize(prompt_lengths[s] + kSteps);
-    for (int32_t& t : tokens[s]) t = token(rng);
-    const std::span<const int32_t> prompt = std::span(tokens[s]).first(prompt_lengths[s]);
-    cpu_batch.push_back({*cpu.CreateSequence(), prompt});
-    gpu_batch.push_back({*gpu->CreateSequence(), prompt});
-  }
-  std::vector<float> cpu_logits, gpu_logits;
-  ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kNone, &cpu_logits).ok());
-  ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kNone, &gpu_logits).ok());
-  double diff = 0, norm = 0;
-  int64_t agree = 0, positions = 0;
-  for (int step = 0; step < kSteps; ++step) {
-    for (int s = 0; s < kSequences; ++s) {
-      cpu_batch[s].tokens = gpu_batch[s].tokens =
-          std::span(tokens[s]).subspan(prompt_lengths[s] + step, 1);
-    }
-    ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kLastToken, &cpu_logits).ok());
-    ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kLastToken, &gpu_logits).ok());
-    for (int s = 0; s < kSequences; ++s) {
-      const std::span<const float> ref =
-          std::span(cpu_logits).subspan(s * c.vocab_size, c.vocab_size);
-      const std::span<const float> out =
-          std::span(gpu_logits).subspan(s * c.vocab_size, c.vocab_size);
-      for (int64_t i = 0; i < c.vocab_size; ++i) {
-        diff += (out[i] - ref[i]) * (out[i] - ref[i]);
-        norm += ref[i] * ref[i];
-      }
-      agree += std::max_element(out.begin(), out.end()) - out.begin() ==
-               std::max_element(ref.begin(), ref.end()) - ref.begin();
-      ++positions;
-    }
-  }
-  const double relative = std::sqrt(diff / norm);
-  std::printf("[cuda-bf16] batch 256: relative error %.3g, argmax agreement %lld/%lld\n", relative,
-              static_cast<long long>(agree), static_cast<long long>(positions));
-  EXPECT_LE(relative, 2e-2);
-  EXPECT_GE(double(agree) / positions, 0.98);
+  for (int s = 0; s < kSequences; ++s) prompt_lengths[s] = 1 + s % 23;
+  Bf16Agreement agreement;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20, LogitsFor::kNone, /*seed=*/5,
+      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+        for (int s = 0; s < kSequences; ++s) {
+          agreement.Add(std::span(gpu_logits).subspan(s * c.vocab_size, c.vocab_size),
+                        std::span(cpu_logits).subspan(s * c.vocab_size, c.vocab_size));
+        }
+      }));
+  std::printf("[cuda-bf16] batch 256: relative error %.3g, argmax agreement %lld/%lld\n",
+              agreement.relative(), static_cast<long long>(agreement.agree),
+              static_cast<long long>(agreement.positions));
+  EXPECT_LE(agreement.relative(), 2e-2);
+  EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98);
 }
 
 // GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
@@ -241,32 +258,13 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
   ASSERT_NE(gpu, nullptr);
 
-  std::mt19937 rng(flags);
-  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
   // Five sequences: the decode step runs in the graph of bucket 8, three rows idle.
-  const std::vector<int64_t> prompt_lengths = {1, 9, 16, 45, 3};
-  std::vector<std::vector<int32_t>> tokens(prompt_lengths.size());
-  std::vector<SequenceChunk> cpu_batch, gpu_batch;
-  for (size_t s = 0; s < prompt_lengths.size(); ++s) {
-    tokens[s].resize(prompt_lengths[s] + 300);
-    for (int32_t& t : tokens[s]) t = token(rng);
-    const std::span<const int32_t> prompt = std::span(tokens[s]).first(prompt_lengths[s]);
-    cpu_batch.push_back({*cpu.CreateSequence(), prompt});
-    gpu_batch.push_back({*gpu->CreateSequence(), prompt});
-  }
-  std::vector<float> cpu_logits, gpu_logits;
-  ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kEveryToken, &cpu_logits).ok());
-  ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kEveryToken, &gpu_logits).ok());
-  float worst = testing::MaxAbsDiff(cpu_logits, gpu_logits);
-  for (int step = 0; step < 300; ++step) {
-    for (size_t s = 0; s < tokens.size(); ++s) {
-      cpu_batch[s].tokens = gpu_batch[s].tokens =
-          std::span(tokens[s]).subspan(prompt_lengths[s] + step, 1);
-    }
-    ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kLastToken, &cpu_logits).ok());
-    ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kLastToken, &gpu_logits).ok());
-    worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
-  }
+  float worst = 0;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, /*steps=*/300, LogitsFor::kEveryToken, flags,
+      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+        worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+      }));
   std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over 300 steps\n",
               inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst);
   EXPECT_LE(worst, 1e-3f);
