@@ -4,14 +4,14 @@
 // sequence can stop and resume anywhere), its output is the dual-form row over the window's tokens
 // up to itself, and after a window's last token θ0 is rewritten.
 //
-// Three kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP): thread c owns
-// column c of W1 (and row c of W2), so the pass over θ0 for a token reads every weight once,
-// coalesced; θ0 stays in device memory (L1/L2-cached) across tokens. The decode one (TTT-Linear,
-// one token per sequence, the hot path of serving) is a warp per (sequence, head) that reads its
-// inputs from the projection itself and copies θ0 to shared memory asynchronously, so that all of
-// it is in flight at once; its warps are persistent, each copying its next item's θ0 while it
-// computes one. The prefill one (TTT-Linear, K = 16) takes a window's tokens at once in
-// the dual form.
+// Three kernels. The general one (any number of tokens, TTT-Linear and TTT-MLP; TTT-MLP's decode
+// too): thread c owns column c of W1, and TTT-MLP's passes over W2 [f1, f] share its rows among
+// all threads, so each pass over θ0 reads every weight once, coalesced; θ0 stays in device memory
+// (L1/L2-cached) across tokens. The decode one (TTT-Linear, one token per sequence, the hot path
+// of serving) is a warp per (sequence, head) that reads its inputs from the projection itself and
+// copies θ0 to shared memory asynchronously, so that all of it is in flight at once; its warps are
+// persistent, each copying its next item's θ0 while it computes one. The prefill one
+// (TTT-Linear, K = 16) takes a window's tokens at once in the dual form.
 #include <cuda_pipeline.h>
 
 #include <algorithm>
@@ -118,9 +118,10 @@ __device__ void MatrixTimesColumn(const float* __restrict__ W, int rows, int wid
 // Threads of TttScanKernel: a block's are a thread per column of W1 (f1 ≤ 1,024).
 constexpr int kMaxScanThreads = 1024;
 
-__global__ void __launch_bounds__(kMaxScanThreads) TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all,
-                              const float* k_all, const float* v_all, const float* lr_all,
-                              StateAddress state, TttStateOffsets off, float* out_all) {
+__global__ void __launch_bounds__(kMaxScanThreads)
+    TttScanKernel(TttScanParams p, const Segment* segments, const float* q_all, const float* k_all,
+                  const float* v_all, const float* lr_all, StateAddress state, TttStateOffsets off,
+                  float* out_all) {
   WaitForPreviousKernel();
   extern __shared__ float dynamic[];
   __shared__ SharedScratch shared;
