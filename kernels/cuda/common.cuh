@@ -63,6 +63,31 @@ __device__ __forceinline__ float4 operator*(float4 a, float4 b) {
 }
 __device__ __forceinline__ float4 Broadcast4(float s) { return make_float4(s, s, s, s); }
 
+// A 16-byte vector of a product's operand (w, or x in w's type): eight bf16 or four float32,
+// unpacked into floats.
+template <typename T>
+inline constexpr int kElements = 16 / sizeof(T);
+
+__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], const __nv_bfloat16*) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(pairs[i]);
+    out[2 * i] = p.x;
+    out[2 * i + 1] = p.y;
+  }
+}
+
+__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], const float*) {
+  const float4 p = *reinterpret_cast<const float4*>(&v);
+  out[0] = p.x, out[1] = p.y, out[2] = p.z, out[3] = p.w;
+}
+
+__device__ __forceinline__ void StoreAs(__nv_bfloat16* x, int i, float v) {
+  x[i] = __float2bfloat16(v);
+}
+__device__ __forceinline__ void StoreAs(float* x, int i, float v) { x[i] = v; }
+
 __device__ __forceinline__ void Store(void* out, int64_t i, float v, ElementType type) {
   if (type == ElementType::kBFloat16) {
     static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16(v);

@@ -22,10 +22,6 @@ constexpr int kOutputsPerWarp = 2;  // x's loads are shared by two rows of w.
 constexpr int kLoadsAhead = 8;
 constexpr size_t kMaxMadeInputBytes = 48 * 1024;  // Shared memory without opting in.
 
-// A 16-byte vector of w or x: eight bf16 or four float32.
-template <typename T>
-inline constexpr int kElements = 16 / sizeof(T);
-
 int ElementsPerVector(ElementType type) {
   return type == ElementType::kBFloat16 ? kElements<__nv_bfloat16> : kElements<float>;
 }
@@ -33,26 +29,6 @@ int ElementsPerVector(ElementType type) {
 size_t ElementBytes(ElementType type) {
   return type == ElementType::kBFloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
 }
-
-__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], const __nv_bfloat16*) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = __bfloat1622float2(pairs[i]);
-    out[2 * i] = p.x;
-    out[2 * i + 1] = p.y;
-  }
-}
-
-__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], const float*) {
-  const float4 p = *reinterpret_cast<const float4*>(&v);
-  out[0] = p.x, out[1] = p.y, out[2] = p.z, out[3] = p.w;
-}
-
-__device__ __forceinline__ void StoreAs(__nv_bfloat16* x, int i, float v) {
-  x[i] = __float2bfloat16(v);
-}
-__device__ __forceinline__ void StoreAs(float* x, int i, float v) { x[i] = v; }
 
 // The block writes the normed input row [in] into x, as RmsNormKernel and PostNormGateKernel
 // compute it (in % 4 == 0; the sources 16-byte aligned).
