@@ -196,6 +196,42 @@ bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType typ
 cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,
                        ElementType type, ProductOutput output, void* y, cudaStream_t stream);
 
+// A decode step's layers for one sequence (batch 1) in one persistent kernel (see
+// sequence_step.cu): from the embedded row in h to the last layer's output row in h, with the
+// state advanced as ForwardLayer's kernels advance it. A layer's parts, as the engine keeps them:
+struct SequenceStepLayer {
+  const void *in_proj, *o_proj, *gate_up, *down;  // Product weights [out, in], of the step's type.
+  const float *conv_norm, *conv_w, *conv_b;       // The pre-conv; conv_norm nullptr: none.
+  const float *seq_norm, *post_norm_w, *post_norm_b, *ffn_norm;
+  TttProjectionInputs ttt_inputs;  // Its proj is ignored: the step's own projection row is used.
+  TttScanParams ttt;
+  size_t state_offset;  // The layer's part of a sequence's state.
+};
+
+struct SequenceStepArgs {
+  const SequenceStepLayer* layers;  // [num_layers], in device memory.
+  int num_layers, D, I, f;        // f: the TTT heads' width, every layer's.
+  float rms_eps, ln_eps;          // The RMSNorms' and the post-norm's.
+  size_t conv_history_offset;     // The pre-conv's history within a layer's state.
+  TttStateOffsets offsets;
+  const Segment* segment;         // The sequence: one token at row 0 (count 0: nothing to do).
+  float* states;                  // The state pool, slot_floats a slot.
+  size_t slot_floats;
+  float* h;                       // [D] the residual stream, in and out.
+  float *proj, *ttt_out;          // Scratch: [columns.ld] and [D] float32,
+  void* act;                      // and [I] of the step's type.
+  unsigned* barrier;              // Two counters, zero before the first step; left zero.
+};
+
+// Whether SequenceStep covers this model (`layer`: any layer, on the host): TTT-Linear as
+// TttDecode covers it, product rows whole 16-byte vectors that fit its slots, and a device that
+// launches cooperatively. Also readies the kernel on the current device: call it before
+// SequenceStep, and outside graph capture.
+bool SetUpSequenceStep(const SequenceStepArgs& args, const SequenceStepLayer& layer,
+                       ElementType type);
+cudaError_t SequenceStep(const SequenceStepArgs& args, const SequenceStepLayer& layer,
+                         ElementType type, cudaStream_t stream);
+
 // float32 → bf16, elementwise (weights at load time).
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);
 

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "kernels/cuda/ttt_inputs.cuh"
+#include "kernels/cuda/ttt_decode.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
@@ -292,78 +292,21 @@ __global__ void __launch_bounds__(kMaxScanThreads)
   }
 }
 
-// Decode, TTT-Linear: one token per sequence, one warp per (sequence, head), with no barrier but
-// the warp's own. The token's inputs come from the fused projection (the q/k convs with their
-// histories, RoPE and the step size, as PrepareTttInputs computes them: one kernel fewer per
-// layer).
-//
-// The warp covers a [rows, f] matrix in 16-byte pieces: lane (row group ro, column group cg) holds
-// columns 4·cg .. 4·cg + 3 of rows ro, ro + R, ro + 2R, ... (R = 128 / f rows at once), so each
-// warp-wide access reads R whole rows. Sums over columns are shuffles within a row group
-// (ColumnSum); sums over rows are shuffles across them (RowGroupSum).
-//
-// The grid is persistent: each warp walks (sequence, head) items a grid apart, and θ0's W1 of its
-// next item is copied to shared memory with cp.async (all of it in flight at once, no registers
-// held) as soon as the current item's products with W1 are taken, so the copy overlaps the rest
-// of the item and the next item's inputs. Without that a warp waited for every W1 with nothing
-// to do, and the kernel moved its bytes at about half the memory bandwidth. The window's pending
-// keys and gradients are loaded into registers, and their q·k_j products taken, while W1 is in
-// flight. At a window's last token θ0 is committed from shared memory before the next copy.
+// Decode, TTT-Linear: one token per sequence, a warp per (sequence, head) item running
+// DecodeLinearToken (ttt_decode.cuh). The grid is persistent: each warp walks items a grid apart,
+// and its next item's W1 is copied as soon as the current item releases its copy, so the copy
+// overlaps the rest of the item and the next item's inputs. Without that a warp waited for every
+// W1 with nothing to do, and the kernel moved its bytes at about half the memory bandwidth.
 
-// Windows of up to this many tokens (16 in every known model; others: the general kernel).
-constexpr int kDecodeMaxWindow = 16;
 // θ0's W1 in shared memory leaves room for 13 warps an SM at f = 64: registers for as many (the
 // kernel for other convs, which no known model has, is left unbounded rather than spill).
 constexpr int kDecodeWarpsPerSm = 13;
-// The decode kernel comes in two forms: for q/k convs of exactly four taps (every known model) or
-// none, reading four adjacent channels with each 16-byte load; and for any conv up to kMaxTaps,
-// a channel a load.
-constexpr int kFourTaps = 4;
-
-template <int kF>
-struct DecodeTile {
-  static constexpr int kLanesPerRow = kF / 4;
-  static constexpr int kRowsAtOnce = kWarp / kLanesPerRow;  // R
-  static constexpr int kRowsPerLane = kF / kRowsAtOnce;     // Of θ0's f rows.
-  static constexpr int kWindowRowsPerLane = (kDecodeMaxWindow + kRowsAtOnce - 1) / kRowsAtOnce;
-};
-
-template <int kF>
-__device__ __forceinline__ float ColumnSum(float v) {
-  for (int offset = 1; offset < DecodeTile<kF>::kLanesPerRow; offset *= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-template <int kF>
-__device__ __forceinline__ float RowGroupSum(float v) {
-  for (int offset = DecodeTile<kF>::kLanesPerRow; offset < kWarp; offset *= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-// LayerNorm over the f columns of a row held four columns a lane: returns x − mean, and 1/σ.
-template <int kF>
-__device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_std) {
-  const float4 centred = x - Broadcast4(ColumnSum<kF>(Sum4(x)) / kF);
-  *inv_std = rsqrtf(ColumnSum<kF>(Dot4(centred, centred)) / kF + eps);
-  return centred;
-}
 
 template <int kF, int kTaps>
 __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm : 1)
     TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
                           int num_items, StateAddress state, TttStateOffsets off, float* out_all) {
-  using Tile = DecodeTile<kF>;
-  constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
-  extern __shared__ float4 w1[];  // θ0's W1 [f, f], then q and k [f] each.
-  float4* shared_q = w1 + kF * L;
-  float4* shared_k = shared_q + L;
-
-  const int K = p.K, D = p.nh * kF;
-  const int lane = threadIdx.x, cg = lane % L, ro = lane / L;
+  extern __shared__ float4 w1[];  // DecodeSharedBytes(kF)
   // Items are (segment, head), head fastest; a decode graph's batch bucket pads with empty
   // segments, which have nothing to compute.
   auto next_live = [&](int item) {
@@ -372,11 +315,7 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   };
   auto state_of = [&](int item) { return SequenceState(state, segments[item / p.nh].slot); };
   auto copy_w1 = [&](int item) {
-    if (item < num_items) {
-      const float4* W1 = reinterpret_cast<const float4*>(state_of(item) + off.W1) +
-                         (item % p.nh) * kF * L;
-      for (int i = lane; i < kF * L; i += kWarp) __pipeline_memcpy_async(&w1[i], &W1[i], 16);
-    }
+    if (item < num_items) CopyW1Async<kF>(state_of(item), off, item % p.nh, w1);
     __pipeline_commit();
   };
 
@@ -387,192 +326,8 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   WaitForPreviousKernel();
   while (item < num_items) {
     const int next = next_live(item + gridDim.x);
-    const Segment seg = segments[item / p.nh];
-    const int head = item % p.nh;
-    const int r = static_cast<int>(seg.start % K);
-    float* base = state_of(item);
-    float4* W1 = reinterpret_cast<float4*>(base + off.W1) + head * kF * L;
-    float4* b1 = reinterpret_cast<float4*>(base + off.b1) + head * L;
-    float4* pk = reinterpret_cast<float4*>(base + off.k) + head * K * L;
-    float4* pg = reinterpret_cast<float4*>(base + off.g1) + head * K * L;
-    float* plr = base + off.lr + head * K;
-
-    // The window's earlier tokens: this lane's rows j = ro + R·m < r (their gradients are loaded
-    // once the keys are used, while W1 is in flight).
-    float4 keys[Tile::kWindowRowsPerLane];
-    float lrs[Tile::kWindowRowsPerLane];
-#pragma unroll
-    for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-      const int j = ro + R * m;
-      keys[m] = j < r ? pk[j * L + cg] : Broadcast4(0.0f);
-      lrs[m] = j < r ? plr[j] : 0.0f;
-    }
-
-    // This token's inputs (spec §3.2–3.4), for this lane's four channels.
-    const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
-    const int channel = head * kF + 4 * cg;
-    float q[4], k[4], v[4];
-    Taps<kTaps> taps[4];
-    float* history = base + in.conv.history_offset;
-    if constexpr (kTaps == kFourTaps) {
-      const float4 projected_v = Load4(projected + in.columns.v + channel);
-      if (in.share_qk) {
-        FourChannelDecodeTaps(history, D, channel, Load4(projected + in.columns.q + channel), taps);
-        FourChannelConv(taps, channel, in.conv.q_weight, in.conv.q_bias, q);
-        FourChannelConv(taps, channel, in.conv.k_weight, in.conv.k_bias, k);
-      } else {
-        const float4 projected_q = Load4(projected + in.columns.q + channel),
-                     projected_k = Load4(projected + in.columns.k + channel);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          q[i] = Channel(projected_q, i);
-          k[i] = Channel(projected_k, i);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = Channel(projected_v, i);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (in.share_qk) {
-          taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
-                                      projected[in.columns.q + channel + i]);
-          q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
-          k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
-        } else {
-          q[i] = projected[in.columns.q + channel + i];
-          k[i] = projected[in.columns.k + channel + i];
-        }
-        v[i] = projected[in.columns.v + channel + i];
-      }
-    }
-    // RoPE at position r in the window: channels (2i, 2i + 1) rotate together.
-#pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      const float2 cos_sin = in.rope[r * (kF / 2) + 2 * cg + pair];
-      RotatePair(q[2 * pair], q[2 * pair + 1], cos_sin);
-      RotatePair(k[2 * pair], k[2 * pair + 1], cos_sin);
-    }
-    const float4 q4 = make_float4(q[0], q[1], q[2], q[3]);
-    const float4 k4 = make_float4(k[0], k[1], k[2], k[3]);
-    const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
-    const float lr_t =
-        InnerStepSize(projected[in.columns.lr + head], in.lr_bias[head], in.base_lr, kF);
-    __syncwarp();  // Every lane has read the history before row group 0 shifts it.
-    if (in.share_qk && ro == 0) {
-      if constexpr (kTaps == kFourTaps) {
-        FourChannelShiftHistory(history, D, channel, taps);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
-      }
-    }
-    if (ro == 0) {
-      shared_q[cg] = q4;
-      shared_k[cg] = k4;
-    }
-
-    // coef_j = τ_r·lr_j·(q·k_j + 1) for the window's earlier tokens (zero past them).
-    const float tau_r = p.tau[r];
-    float coef[Tile::kWindowRowsPerLane];
-#pragma unroll
-    for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-      coef[m] = tau_r * lrs[m] * (ColumnSum<kF>(Dot4(q4, keys[m])) + 1.0f);
-    }
-    float4 grads[Tile::kWindowRowsPerLane];
-#pragma unroll
-    for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-      const int j = ro + R * m;
-      grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
-    }
-
-    const float4 bias = b1[cg];
-    const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
-    const float4 beta = reinterpret_cast<const float4*>(p.ln_bias + head * kF)[cg];
-    __pipeline_wait_prior(0);
-    __syncwarp();  // W1, q and k are in shared memory.
-
-    // z1 = k·W1 + b1 and zq = q·W1 + b1 (this lane: its rows' share of its columns).
-    const float* sq = reinterpret_cast<const float*>(shared_q);
-    const float* sk = reinterpret_cast<const float*>(shared_k);
-    float4 z1 = Broadcast4(0.0f), zq = Broadcast4(0.0f);
-#pragma unroll
-    for (int m = 0; m < Tile::kRowsPerLane; ++m) {
-      const int d = ro + R * m;
-      const float4 w = w1[d * L + cg];
-      z1 = z1 + sk[d] * w;
-      zq = zq + sq[d] * w;
-    }
-    // Unless this token commits θ0, W1 is not read again: the next item's copy starts.
-    const bool commits = r == K - 1;
-    if (!commits) {
-      __syncwarp();
-      copy_w1(next);
-    }
-    z1 = make_float4(RowGroupSum<kF>(z1.x), RowGroupSum<kF>(z1.y), RowGroupSum<kF>(z1.z),
-                     RowGroupSum<kF>(z1.w)) +
-         bias;
-    zq = make_float4(RowGroupSum<kF>(zq.x), RowGroupSum<kF>(zq.y), RowGroupSum<kF>(zq.z),
-                     RowGroupSum<kF>(zq.w)) +
-         bias;
-
-    // The gradient of this token's loss at θ0 (spec §3.5): ∂/∂z1 of ½‖LN(z1) − (v − k)‖².
-    float inv_std;
-    const float4 z1_centred = CentreColumns<kF>(z1, p.ln_eps, &inv_std);
-    const float4 xhat = inv_std * z1_centred;
-    const float4 e = gamma * (gamma * xhat + beta - (v4 - k4));
-    const float sum_e = ColumnSum<kF>(Sum4(e)), sum_e_xhat = ColumnSum<kF>(Dot4(e, xhat));
-    const float4 g =
-        (inv_std / kF) * (static_cast<float>(kF) * e - Broadcast4(sum_e) - sum_e_xhat * xhat);
-    if (ro == 0) {
-      pk[r * L + cg] = k4;
-      pg[r * L + cg] = g;
-    }
-    if (lane == 0) plr[r] = lr_t;
-
-    // The dual-form row: z̄ = zq − Σ_{j≤r} τ_r·lr_j·(q·k_j + 1)·g_j, out = q + LN(z̄).
-    float4 dual = Broadcast4(0.0f);
-#pragma unroll
-    for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) dual = dual + coef[m] * grads[m];
-    dual = make_float4(RowGroupSum<kF>(dual.x), RowGroupSum<kF>(dual.y), RowGroupSum<kF>(dual.z),
-                       RowGroupSum<kF>(dual.w));
-    const float coef_r = tau_r * lr_t * (ColumnSum<kF>(Dot4(q4, k4)) + 1.0f);
-    const float4 zbar = zq - dual - coef_r * g;
-    float out_inv_std;
-    const float4 out_centred = CentreColumns<kF>(zbar, p.ln_eps, &out_inv_std);
-    if (ro == 0) {
-      reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
-          q4 + gamma * (out_inv_std * out_centred) + beta;
-    }
-    // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
-    // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory. Each lane updates its rows for
-    // every token of the window, so it reloads their gradients (L1 hits, once per window).
-    if (commits) {
-      __syncwarp();  // This token's row of keys and gradients, stored above, is visible.
-      const float tau_last = p.tau[K - 1];
-      float4 scaled[kDecodeMaxWindow];
-      float4 bias_update = Broadcast4(0.0f);
-#pragma unroll
-      for (int j = 0; j < kDecodeMaxWindow; ++j) {
-        scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
-        bias_update = bias_update + scaled[j];
-      }
-      const float* key_rows = reinterpret_cast<const float*>(pk);
-#pragma unroll 4
-      for (int m = 0; m < Tile::kRowsPerLane; ++m) {
-        const int d = ro + R * m;
-        float4 w = w1[d * L + cg];
-#pragma unroll
-        for (int j = 0; j < kDecodeMaxWindow; ++j) {
-          if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
-        }
-        W1[d * L + cg] = w;
-      }
-      if (ro == 0) b1[cg] = bias - bias_update;
-      __syncwarp();
-      copy_w1(next);
-    }
-
+    DecodeLinearToken<kF, kTaps>(p, in, segments[item / p.nh], item % p.nh, state_of(item), off,
+                                 w1, out_all, [&] { copy_w1(next); });
     item = next;
   }
 }
@@ -857,8 +612,6 @@ size_t PrefillSharedBytes(const TttScanParams& params) {
   return sizeof(float) * row * (params.f + 5 * kPrefillWindow);
 }
 
-size_t DecodeSharedBytes(int f) { return sizeof(float) * (f * f + 2 * f); }
-
 // Without opting in, a block gets at most this much dynamic shared memory.
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
@@ -892,17 +645,6 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
   return Launch(TttDecodeLinearKernel<kF, kTaps>, std::min(items, resident_warps.load()), kWarp,
                 DecodeSharedBytes(kF), stream, params, inputs, segments, items, state, offsets,
                 out);
-}
-
-// Whether the four-channel loads of the kernel's kFourTaps form land on 16-byte boundaries.
-bool FourChannelLoadsFit(const TttProjectionInputs& in) {
-  const ProjectionColumns& c = in.columns;
-  const bool projection = Aligned16(in.proj) && c.ld % 4 == 0 && c.q % 4 == 0 && c.v % 4 == 0 &&
-                          (in.share_qk || c.k % 4 == 0);
-  const QkConv& conv = in.conv;
-  return projection && (!in.share_qk || (conv.ck == kFourTaps && conv.history_offset % 4 == 0 &&
-                                         Aligned16(conv.q_weight) && Aligned16(conv.q_bias) &&
-                                         Aligned16(conv.k_weight) && Aligned16(conv.k_bias)));
 }
 
 template <int kF>

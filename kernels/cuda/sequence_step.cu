@@ -1,0 +1,594 @@
+// A decode step's layers for one sequence (batch 1, where a step's time is one user's latency) in
+// one persistent kernel.
+//
+// At batch 1 a step streams the layers' weights (2.4 GB at 1b: 0.6 ms at the memory's rate), with
+// small, latency-bound stages between the products: the pre-conv and the norms, the TTT step. As
+// separate kernels, each stage waits for the one before it to drain and a product's stream starts
+// only once its input is ready, so the memory idles for much of the step. Here one block an SM runs
+// every layer:
+// - a producer warp streams the block's share of each product's weight rows, in the order the
+//   products use them, into a ring of shared-memory slots (cp.async.bulk, completing on
+//   mbarriers). It waits for nothing but free slots, so the stream runs on through the stages
+//   between products and into the next layer;
+// - the consumer warps do the stages. Each block makes a product's input row itself (a norm over a
+//   few KB, cheaper than one more barrier), multiplies it into its slots' rows, and writes their
+//   outputs; the TTT step runs a warp a head (DecodeLinearToken) on the first blocks.
+// The stages meet at grid barriers; the launch is cooperative, so every block is resident.
+//
+// What crosses blocks (h, the projection, the TTT output, the feed-forward's activation) is
+// written before a barrier and read after it; the sequence's state is read and written by one
+// block each (a head's by its warp, the pre-conv's history by the last block).
+#include <algorithm>
+#include <atomic>
+#include <cuda/atomic>
+#include <cuda/ptx>
+
+#include "kernels/cuda/ttt_decode.cuh"
+
+namespace ttt::kernels::cuda {
+namespace {
+
+constexpr int kConsumerWarps = 7;
+constexpr int kConsumerThreads = kConsumerWarps * kWarp;
+constexpr int kThreads = kWarp + kConsumerThreads;  // Warp 0 is the producer.
+constexpr int kConsumerBarrier = 1;                 // Named barrier 0 is __syncthreads'.
+// A slot holds whole rows, up to kMaxRowsPerChunk: eight of 2,048 bf16, two of the 1b model's
+// down_proj (5,504).
+constexpr int kSlotBytes = 32 * 1024;
+constexpr int kMinSlots = 2, kMaxSlots = 6;
+constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
+// A chunk's rows: a consumer thread keeps a sum for each.
+constexpr int kMaxRowsPerChunk = 8;
+// A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
+constexpr int kQuads = 4;
+static_assert(2 * kMaxSlots * sizeof(uint64_t) <= kBarrierBytes);
+
+// The products of a layer, in the order the step uses them.
+enum Product { kInProj, kOProj, kGateUp, kDown, kProducts };
+
+// The rows of a product one block holds, [first, first + rows), and how they come through the
+// ring: rows_per_chunk at a time (even for gate_up, whose gate and up rows come in pairs).
+struct Share {
+  const char* w;  // The block's first row.
+  int in, first, rows, rows_per_chunk, row_bytes;
+  bool pairs;
+  __device__ int chunks() const { return (rows + rows_per_chunk - 1) / rows_per_chunk; }
+};
+
+template <typename T>
+__device__ Share ShareOf(const SequenceStepArgs& a, const SequenceStepLayer& layer, int product) {
+  const void* w = layer.down;
+  int in = a.I, out = a.D;
+  if (product == kInProj) w = layer.in_proj, in = a.D, out = layer.ttt_inputs.columns.ld;
+  if (product == kOProj) w = layer.o_proj, in = a.D, out = a.D;
+  if (product == kGateUp) w = layer.gate_up, in = a.D, out = 2 * a.I;
+  Share s;
+  s.pairs = product == kGateUp;
+  int per_block = (out + gridDim.x - 1) / gridDim.x;
+  if (s.pairs) per_block += per_block % 2;
+  s.in = in;
+  s.first = min(out, static_cast<int>(blockIdx.x) * per_block);
+  s.rows = min(out, s.first + per_block) - s.first;
+  s.row_bytes = in * static_cast<int>(sizeof(T));
+  s.rows_per_chunk = min(kMaxRowsPerChunk, kSlotBytes / s.row_bytes);
+  if (s.pairs) s.rows_per_chunk -= s.rows_per_chunk % 2;
+  s.w = static_cast<const char*>(w) + static_cast<int64_t>(s.first) * s.row_bytes;
+  return s;
+}
+
+__device__ __forceinline__ void WaitFor(uint64_t* barrier, int parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
+  }
+}
+
+// The producer: every chunk of every layer's shares, in order; chunk i goes to slot i % slots
+// once the consumers have freed that slot's previous chunk. The weights are read once a step,
+// so they are marked first to leave L2, ahead of what the stages read there.
+template <typename T>
+__device__ void StreamWeights(const SequenceStepArgs& a, char* ring, int slots, uint64_t* full,
+                              uint64_t* empty) {
+  uint64_t evict_first;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(evict_first));
+  int chunk = 0;
+  for (int l = 0; l < a.num_layers; ++l) {
+    for (int product = 0; product < kProducts; ++product) {
+      const Share s = ShareOf<T>(a, a.layers[l], product);
+      for (int row = 0; row < s.rows; row += s.rows_per_chunk, ++chunk) {
+        const int slot = chunk % slots, round = chunk / slots;
+        if (round > 0) WaitFor(&empty[slot], (round - 1) & 1);
+        const uint32_t bytes = min(s.rows_per_chunk, s.rows - row) * s.row_bytes;
+        ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, &full[slot], bytes);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1], %2, [%3], %4;" ::"r"(
+                static_cast<uint32_t>(__cvta_generic_to_shared(ring + slot * kSlotBytes))),
+            "l"(s.w + static_cast<int64_t>(row) * s.row_bytes), "r"(bytes),
+            "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]))), "l"(evict_first)
+            : "memory");
+      }
+    }
+  }
+}
+
+// The consumer warps' own barrier (the producer never joins it).
+__device__ __forceinline__ void ConsumersSync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kConsumerBarrier), "n"(kConsumerThreads) : "memory");
+}
+
+// Sum over the consumer threads; every one gets it (scratch: kWarp floats).
+__device__ float ConsumersSum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp - 1;
+  v = WarpSum(v);
+  ConsumersSync();
+  if (lane == 0) scratch[warp] = v;
+  ConsumersSync();
+  return WarpSum(lane < kConsumerWarps ? scratch[lane] : 0.0f);
+}
+
+// Every block's consumers arrive; returns once all have. `arrivals` counts arrivals over the
+// launch (each barrier adds gridDim.x), `expected` this block's count of them so far.
+__device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
+  ConsumersSync();
+  expected += gridDim.x;
+  if (threadIdx.x == kWarp) {
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*arrivals);
+    __threadfence();  // The block's writes, ordered by the sync above, before its arrival.
+    count.fetch_add(1, ::cuda::memory_order_release);
+    while (count.load(::cuda::memory_order_acquire) < expected) {
+    }
+  }
+  ConsumersSync();
+}
+
+// The consumers' part of a product, chunk j of the block's share being the ring's chunk
+// `first_chunk` + j. Every consumer warp takes part in every chunk, each its own range of every
+// row's vectors (so x's part of a warp is the same across rows); their sums meet in `partial`
+// (two sets, a chunk's and the next one's), and then one thread a row (or a pair) hands them to
+// `out(row, sum, next_row_sum)` (the second only for pairs). A thread waits for a slot's next
+// fill only once it has used the one before, as an mbarrier's parity requires.
+template <typename T, typename Out>
+__device__ void Multiply(const Share& s, const T* x, char* ring, int slots, uint64_t* full,
+                         uint64_t* empty, int first_chunk, float* partial, Out out) {
+  constexpr int E = kElements<T>;
+  const int t = threadIdx.x - kWarp, lane = t % kWarp, warp = t / kWarp;
+  const int vectors = s.in / E;
+  const int per_warp = (vectors + kConsumerWarps - 1) / kConsumerWarps;
+  const int begin = warp * per_warp + lane, end = min(vectors, (warp + 1) * per_warp);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  for (int j = 0; j < s.chunks(); ++j) {
+    const int chunk = first_chunk + j, slot = chunk % slots;
+    const int first = j * s.rows_per_chunk, rows = min(s.rows_per_chunk, s.rows - first);
+    WaitFor(&full[slot], (chunk / slots) & 1);
+    const uint4* wv = reinterpret_cast<const uint4*>(ring + slot * kSlotBytes);
+    // Straight-line code over all kMaxRowsPerChunk rows (rows past the chunk's re-read its last
+    // one, and their sums are dropped), so that the rows' loads and shuffles overlap.
+    float sum[kMaxRowsPerChunk] = {};
+    for (int v = begin; v < end; v += kWarp) {
+      float xf[E];
+      Unpack(xv[v], xf, static_cast<const T*>(nullptr));
+#pragma unroll
+      for (int r = 0; r < kMaxRowsPerChunk; ++r) {
+        float wf[E];
+        Unpack(wv[min(r, rows - 1) * vectors + v], wf, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < E; ++e) sum[r] = fmaf(xf[e], wf[e], sum[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxRowsPerChunk; ++r) sum[r] = WarpSum(sum[r]);
+    float* part = partial + (chunk & 1) * kConsumerWarps * kMaxRowsPerChunk;
+    if (lane < kMaxRowsPerChunk) {
+#pragma unroll
+      for (int r = 0; r < kMaxRowsPerChunk; ++r) {
+        if (lane == r) part[warp * kMaxRowsPerChunk + r] = sum[r];
+      }
+    }
+    ConsumersSync();  // Every warp's sums are in, and the slot is read.
+    if (t == 0) ::cuda::ptx::mbarrier_arrive(&empty[slot]);
+    const int step = s.pairs ? 2 : 1;
+    if (t * step < rows) {
+      const int r = t * step;
+      float a = 0, b = 0;
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        a += part[w * kMaxRowsPerChunk + r];
+        if (s.pairs) b += part[w * kMaxRowsPerChunk + r + 1];
+      }
+      out(s.first + first + r, a, b);
+    }
+  }
+}
+
+// A consumer thread's channel quads: c = 4·(t + m·kConsumerThreads), m < kQuads.
+template <typename F>
+__device__ __forceinline__ void ForEachQuad(int D, F f) {
+  const int t = threadIdx.x - kWarp;
+#pragma unroll
+  for (int m = 0; m < kQuads; ++m) {
+    const int c = 4 * (t + m * kConsumerThreads);
+    if (c < D) f(m, c);
+  }
+}
+
+// The pre-conv of channels c .. c + 3 from their normed inputs: conv(history ++ normed).
+__device__ __forceinline__ float4 PreConvQuad(const float* history, int D, int c, int ck,
+                                              float4 normed, const float* w, const float* b) {
+  float out[4];
+  if (ck == kFourTaps) {
+    Taps<4> taps[4];
+    FourChannelDecodeTaps(history, D, c, normed, taps);
+    FourChannelConv(taps, c, w, b, out);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Taps<kMaxTaps> taps = DecodeTaps<kMaxTaps>(history, D, c + i, ck, Channel(normed, i));
+      out[i] = ConvOf(taps, c + i, w, b, ck);
+    }
+  }
+  return make_float4(out[0], out[1], out[2], out[3]);
+}
+
+__device__ __forceinline__ void StoreQuad(__nv_bfloat16* x, int c, float4 v) {
+  StoreAs(x, c, v.x), StoreAs(x, c + 1, v.y), StoreAs(x, c + 2, v.z), StoreAs(x, c + 3, v.w);
+}
+__device__ __forceinline__ void StoreQuad(float* x, int c, float4 v) {
+  *reinterpret_cast<float4*>(x + c) = v;
+}
+
+// Asks L2 for what a layer's stages read besides the weight stream and the activations: its
+// norms' and convs' parameters and the sequence's state at that layer (W1 included, which the
+// TTT warps copy at the layer's start). Each block asks for its share of the lines.
+__device__ void PrefetchLayer(const SequenceStepArgs& a, const SequenceStepLayer& layer,
+                              const float* base, int first_thread, int threads) {
+  const int D = a.D, ck = layer.ttt_inputs.conv.ck, nh = layer.ttt.nh, f = layer.ttt.f,
+            K = layer.ttt.K;
+  const TttStateOffsets& off = a.offsets;
+  const struct {
+    const void* p;
+    int floats;
+  } parts[] = {
+      {layer.conv_norm, layer.conv_norm != nullptr ? D : 0},
+      {layer.conv_w, layer.conv_norm != nullptr ? D * ck : 0},
+      {layer.conv_b, layer.conv_norm != nullptr ? D : 0},
+      {base + a.conv_history_offset, layer.conv_norm != nullptr ? D * (ck - 1) : 0},
+      {layer.seq_norm, D},
+      {layer.post_norm_w, D},
+      {layer.post_norm_b, D},
+      {layer.ffn_norm, D},
+      {layer.ttt_inputs.conv.q_weight, layer.ttt_inputs.share_qk ? D * ck : 0},
+      {layer.ttt_inputs.conv.k_weight, layer.ttt_inputs.share_qk ? D * ck : 0},
+      {layer.ttt_inputs.conv.q_bias, layer.ttt_inputs.share_qk ? D : 0},
+      {layer.ttt_inputs.conv.k_bias, layer.ttt_inputs.share_qk ? D : 0},
+      {base + layer.ttt_inputs.conv.history_offset, layer.ttt_inputs.share_qk ? D * (ck - 1) : 0},
+      {layer.ttt.ln_weight, D},
+      {layer.ttt.ln_bias, D},
+      {base + off.W1, nh * f * f},
+      {base + off.b1, nh * f},
+      {base + off.k, nh * K * f},
+      {base + off.g1, nh * K * f},
+      {base + off.lr, nh * K}};
+  constexpr int kLineFloats = 32;
+  const int stride = gridDim.x * threads;
+  int line = blockIdx.x * threads + first_thread;
+  for (const auto& part : parts) {
+    const int lines = (part.floats + kLineFloats - 1) / kLineFloats;
+    for (; line < lines; line += stride) {
+      asm volatile(
+          "prefetch.global.L2 [%0];" ::"l"(static_cast<const float*>(part.p) + line * kLineFloats));
+    }
+    line -= lines;
+  }
+}
+
+template <typename T, int kF, int kTaps>
+__global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepArgs a, int slots) {
+  extern __shared__ __align__(128) char shared[];
+  __shared__ float scratch[kWarp];
+  __shared__ float partial[2 * kConsumerWarps * kMaxRowsPerChunk];
+  uint64_t* full = reinterpret_cast<uint64_t*>(shared);
+  uint64_t* empty = full + kMaxSlots;
+  char* ring = shared + kBarrierBytes;
+  T* x = reinterpret_cast<T*>(ring + slots * kSlotBytes);      // A product's input row.
+  float* resid = reinterpret_cast<float*>(x + max(a.D, a.I));  // This block's copy of h.
+  float* normed = resid + a.D;  // The pre-conv's normed row, for the history.
+  float4* w1 = reinterpret_cast<float4*>(normed + a.D);  // DecodeSharedBytes(kF)
+
+  const Segment seg = *a.segment;
+  if (seg.count == 0) return;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      ::cuda::ptx::mbarrier_init(&full[s], 1);
+      ::cuda::ptx::mbarrier_init(&empty[s], 1);
+    }
+    ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+  if (threadIdx.x < kWarp) {
+    if (threadIdx.x == 0) StreamWeights<T>(a, ring, slots, full, empty);
+    return;
+  }
+
+  const int t = threadIdx.x - kWarp, warp = t / kWarp;
+  const int D = a.D, I = a.I;
+  float* sequence_state = a.states + static_cast<size_t>(seg.slot) * a.slot_floats;
+  unsigned expected = 0;
+  int chunk = 0;
+  auto multiply = [&](const Share& s, auto out) {
+    Multiply<T>(s, x, ring, slots, full, empty, chunk, partial, out);
+    chunk += s.chunks();
+  };
+  PrefetchLayer(a, a.layers[0], sequence_state + a.layers[0].state_offset, t, kConsumerThreads);
+  for (int l = 0; l < a.num_layers; ++l) {
+    const SequenceStepLayer& layer = a.layers[l];
+    float* base = sequence_state + layer.state_offset;
+    const int nh = layer.ttt.nh;
+    // The first head's W1 (its state is this block's alone) comes while the stages before run.
+    if (warp == 0) {
+      if (blockIdx.x < nh) CopyW1Async<kF>(base, a.offsets, blockIdx.x, w1);
+      __pipeline_commit();
+    }
+
+    // The pre-conv (h += CausalConv(RMSNorm(h))) and the sequence norm: in_proj's input.
+    const float4* h4 = reinterpret_cast<const float4*>(a.h);
+    float4 v[kQuads];
+    float squares = 0;
+    ForEachQuad(D, [&](int m, int c) {
+      v[m] = __ldcg(h4 + c / 4);
+      squares += Dot4(v[m], v[m]);
+    });
+    const bool pre_conv = layer.conv_norm != nullptr;
+    if (pre_conv) {
+      const float inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
+      const float* history = base + a.conv_history_offset;
+      const int ck = layer.ttt_inputs.conv.ck;
+      squares = 0;
+      ForEachQuad(D, [&](int m, int c) {
+        const float4 n = (inv_rms * v[m]) * Load4(layer.conv_norm + c);
+        *reinterpret_cast<float4*>(normed + c) = n;
+        v[m] = v[m] + PreConvQuad(history, D, c, ck, n, layer.conv_w, layer.conv_b);
+        squares += Dot4(v[m], v[m]);
+      });
+    }
+    const float inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
+    ForEachQuad(D, [&](int m, int c) {
+      *reinterpret_cast<float4*>(resid + c) = v[m];
+      StoreQuad(x, c, (inv_rms * v[m]) * Load4(layer.seq_norm + c));
+    });
+    ConsumersSync();
+    multiply(ShareOf<T>(a, layer, kInProj), [&](int row, float sum, float) { a.proj[row] = sum; });
+    GridBarrier(a.barrier, expected);
+
+    // The TTT step, a head a block. Meanwhile the other warps ask L2 for the next layer's
+    // parameters and state, and the last block shifts the pre-conv's history (every block has
+    // read it).
+    if (warp == 0) {
+      TttProjectionInputs inputs = layer.ttt_inputs;
+      inputs.proj = a.proj;
+      for (int head = blockIdx.x; head < nh; head += gridDim.x) {
+        if (head != static_cast<int>(blockIdx.x)) {
+          CopyW1Async<kF>(base, a.offsets, head, w1);
+          __pipeline_commit();
+        }
+        DecodeLinearToken<kF, kTaps>(layer.ttt, inputs, seg, head, base, a.offsets, w1, a.ttt_out,
+                                     [] {});
+      }
+    } else {
+      if (pre_conv && blockIdx.x == gridDim.x - 1) {
+        float* history = base + a.conv_history_offset;
+        const int ck = layer.ttt_inputs.conv.ck;
+        for (int c = t - kWarp; c < D; c += kConsumerThreads - kWarp) {
+          for (int r = 0; r + 2 < ck; ++r) history[r * D + c] = history[(r + 1) * D + c];
+          if (ck > 1) history[(ck - 2) * D + c] = normed[c];
+        }
+      }
+      if (l + 1 < a.num_layers) {
+        PrefetchLayer(a, a.layers[l + 1], sequence_state + a.layers[l + 1].state_offset, t - kWarp,
+                      kConsumerThreads - kWarp);
+      }
+    }
+    GridBarrier(a.barrier, expected);
+
+    // o_proj of LayerNorm(TTT output) · gelu(gate), added into h.
+    const float4* out4 = reinterpret_cast<const float4*>(a.ttt_out);
+    const int g = layer.ttt_inputs.columns.g;
+    float4 gate[kQuads];
+    float sum = 0;
+    ForEachQuad(D, [&](int m, int c) {
+      v[m] = __ldcg(out4 + c / 4);
+      if (g >= 0) gate[m] = __ldcg(reinterpret_cast<const float4*>(a.proj + g + c));
+      sum += Sum4(v[m]);
+    });
+    const float mean = ConsumersSum(sum, scratch) / D;
+    squares = 0;
+    ForEachQuad(D, [&](int m, int c) {
+      v[m] = v[m] - Broadcast4(mean);
+      squares += Dot4(v[m], v[m]);
+    });
+    const float scale = rsqrtf(ConsumersSum(squares, scratch) / D + a.ln_eps);
+    ForEachQuad(D, [&](int m, int c) {
+      float4 y = (scale * v[m]) * Load4(layer.post_norm_w + c) + Load4(layer.post_norm_b + c);
+      if (g >= 0) {
+        y = make_float4(Gelu(gate[m].x) * y.x, Gelu(gate[m].y) * y.y, Gelu(gate[m].z) * y.z,
+                        Gelu(gate[m].w) * y.w);
+      }
+      StoreQuad(x, c, y);
+    });
+    ConsumersSync();
+    multiply(ShareOf<T>(a, layer, kOProj),
+             [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
+    GridBarrier(a.barrier, expected);
+
+    // The feed-forward: SwiGLU of gate_up(RMSNorm(h)), then down, added into h.
+    squares = 0;
+    ForEachQuad(D, [&](int m, int c) {
+      v[m] = __ldcg(h4 + c / 4);
+      squares += Dot4(v[m], v[m]);
+    });
+    const float ffn_inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
+    ForEachQuad(D, [&](int m, int c) {
+      *reinterpret_cast<float4*>(resid + c) = v[m];
+      StoreQuad(x, c, (ffn_inv_rms * v[m]) * Load4(layer.ffn_norm + c));
+    });
+    ConsumersSync();
+    multiply(ShareOf<T>(a, layer, kGateUp), [&](int row, float gate_sum, float up_sum) {
+      StoreAs(static_cast<T*>(a.act), row / 2, Swish(gate_sum, up_sum));
+    });
+    GridBarrier(a.barrier, expected);
+    const uint4* act = static_cast<const uint4*>(a.act);
+    for (int i = t; i < I / kElements<T>; i += kConsumerThreads) {
+      reinterpret_cast<uint4*>(x)[i] = __ldcg(act + i);
+    }
+    ConsumersSync();
+    multiply(ShareOf<T>(a, layer, kDown),
+             [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
+    if (l + 1 < a.num_layers) GridBarrier(a.barrier, expected);
+  }
+
+  // The last block out leaves the counters at zero for the next step. Every block counted has
+  // passed its last barrier, so none still waits on `arrivals`.
+  ConsumersSync();
+  if (threadIdx.x == kWarp) {
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> done(a.barrier[1]);
+    if (done.fetch_add(1, ::cuda::memory_order_acq_rel) == gridDim.x - 1) {
+      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[0]).store(0);
+      done.store(0);
+    }
+  }
+}
+
+size_t ElementBytes(ElementType type) {
+  return type == ElementType::kBFloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
+}
+
+// Shared memory besides the slots: barriers, the input row, h and the normed row, a head's W1.
+size_t FixedSharedBytes(const SequenceStepArgs& a, ElementType type, int f) {
+  return kBarrierBytes + ElementBytes(type) * std::max(a.D, a.I) + 2 * sizeof(float) * a.D +
+         DecodeSharedBytes(f);
+}
+
+struct Device {
+  int sms = 0, shared_optin = 0, cooperative = 0;
+};
+
+cudaError_t CurrentDevice(Device* d) {
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&d->sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (status == cudaSuccess) {
+    status =
+        cudaDeviceGetAttribute(&d->shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&d->cooperative, cudaDevAttrCooperativeLaunch, device);
+  }
+  return status;
+}
+
+// The dynamic shared memory a block may ask for: the device's limit less the kernel's static
+// part (a few hundred bytes; this allows for a kilobyte).
+size_t DynamicSharedLimit(const Device& d) {
+  constexpr size_t kStaticAllowance = 1024;
+  return static_cast<size_t>(d.shared_optin) - kStaticAllowance;
+}
+
+// The slots that fit beside the fixed part.
+int SlotsFor(const SequenceStepArgs& a, ElementType type, int f, const Device& d) {
+  const size_t fixed = FixedSharedBytes(a, type, f);
+  if (DynamicSharedLimit(d) < fixed) return 0;
+  return static_cast<int>(
+      std::min<size_t>(kMaxSlots, (DynamicSharedLimit(d) - fixed) / kSlotBytes));
+}
+
+// The kernel's form for the weights' type, the heads' width and the TTT step's form.
+template <typename T, int kF>
+const void* KernelFor(bool four_taps) {
+  return four_taps ? reinterpret_cast<const void*>(SequenceStepKernel<T, kF, kFourTaps>)
+                   : reinterpret_cast<const void*>(SequenceStepKernel<T, kF, kMaxTaps>);
+}
+
+template <typename T>
+const void* KernelFor(int f, bool four_taps) {
+  switch (f) {
+    case 16:
+      return KernelFor<T, 16>(four_taps);
+    case 32:
+      return KernelFor<T, 32>(four_taps);
+    default:
+      return KernelFor<T, 64>(four_taps);
+  }
+}
+
+const void* KernelFor(const SequenceStepArgs& a, ElementType type, bool four_taps) {
+  return type == ElementType::kBFloat16 ? KernelFor<__nv_bfloat16>(a.f, four_taps)
+                                        : KernelFor<float>(a.f, four_taps);
+}
+
+}  // namespace
+
+bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer,
+                       ElementType type) {
+  Device d;
+  if (CurrentDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const int vector = 16 / static_cast<int>(ElementBytes(type));
+  const size_t row_bytes = ElementBytes(type) * std::max(2 * a.D, a.I);  // gate_up's in pairs.
+  const StateAddress state{a.states, a.slot_floats, layer.state_offset};
+  const bool weights_aligned = Aligned16(layer.in_proj) && Aligned16(layer.o_proj) &&
+                               Aligned16(layer.gate_up) && Aligned16(layer.down);
+  const bool rows_aligned =
+      Aligned16(layer.seq_norm) && Aligned16(layer.post_norm_w) && Aligned16(layer.post_norm_b) &&
+      Aligned16(layer.ffn_norm) &&
+      (layer.ttt_inputs.columns.g < 0 || layer.ttt_inputs.columns.g % 4 == 0) &&
+      (layer.conv_norm == nullptr ||
+       (Aligned16(layer.conv_norm) && Aligned16(layer.conv_w) && Aligned16(layer.conv_b) &&
+        a.conv_history_offset % 4 == 0 && a.slot_floats % 4 == 0 && layer.state_offset % 4 == 0));
+  const bool fits = d.cooperative != 0 && a.D % vector == 0 && a.I % vector == 0 &&
+                    a.D <= 4 * kQuads * kConsumerThreads && row_bytes <= kSlotBytes &&
+                    weights_aligned && rows_aligned &&
+                    TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
+                    layer.ttt.f == a.f && layer.ttt_inputs.conv.ck <= kMaxTaps &&
+                    SlotsFor(a, type, a.f, d) >= kMinSlots;
+  if (!fits) return false;
+  TttProjectionInputs inputs = layer.ttt_inputs;
+  inputs.proj = a.proj;
+  const void* kernel = KernelFor(a, type, FourChannelLoadsFit(inputs));
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(DynamicSharedLimit(d))) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+cudaError_t SequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer,
+                         ElementType type, cudaStream_t stream) {
+  Device d;
+  if (const cudaError_t status = CurrentDevice(&d); status != cudaSuccess) return status;
+  const int slots = SlotsFor(a, type, a.f, d);
+  if (slots < kMinSlots) return cudaErrorNotSupported;
+  if (!Aligned16(a.h) || !Aligned16(a.ttt_out) || !Aligned16(a.act) || !Aligned16(a.proj)) {
+    return cudaErrorInvalidValue;
+  }
+  TttProjectionInputs inputs = layer.ttt_inputs;
+  inputs.proj = a.proj;
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = d.sms;
+  config.blockDim = kThreads;
+  config.dynamicSmemBytes =
+      FixedSharedBytes(a, type, a.f) + static_cast<size_t>(slots) * kSlotBytes;
+  config.stream = stream;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  SequenceStepArgs args = a;
+  void* params[] = {&args, const_cast<int*>(&slots)};
+  return cudaLaunchKernelExC(&config, KernelFor(a, type, FourChannelLoadsFit(inputs)), params);
+}
+
+}  // namespace ttt::kernels::cuda

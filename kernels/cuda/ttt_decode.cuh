@@ -1,0 +1,288 @@
+// The decode step of TTT-Linear for one (sequence, head) item, one token, done by one warp with
+// no barrier but its own: the batched decode kernel (ttt_scan.cu, a warp an item) and the
+// one-sequence step kernel (sequence_step.cu) both run it. The token's inputs come from the
+// fused projection (the q/k convs with their histories, RoPE and the step size, as
+// PrepareTttInputs computes them).
+//
+// The warp covers a [rows, f] matrix in 16-byte pieces: lane (row group ro, column group cg) holds
+// columns 4·cg .. 4·cg + 3 of rows ro, ro + R, ro + 2R, ... (R = 128 / f rows at once), so each
+// warp-wide access reads R whole rows. Sums over columns are shuffles within a row group
+// (ColumnSum); sums over rows are shuffles across them (RowGroupSum).
+//
+// θ0's W1 is read from shared memory, where the caller has it copied with cp.async (all of it in
+// flight at once, no registers held); the window's pending keys and gradients are loaded into
+// registers, and their q·k_j products taken, while it is in flight. At a window's last token θ0
+// is committed from that copy.
+#pragma once
+
+#include <cuda_pipeline.h>
+
+#include "kernels/cuda/ttt_inputs.cuh"
+
+namespace ttt::kernels::cuda {
+
+// Windows of up to this many tokens (16 in every known model; others: the general kernel).
+constexpr int kDecodeMaxWindow = 16;
+// The decode step comes in two forms: for q/k convs of exactly four taps (every known model) or
+// none, reading four adjacent channels with each 16-byte load; and for any conv up to kMaxTaps,
+// a channel a load.
+constexpr int kFourTaps = 4;
+
+template <int kF>
+struct DecodeTile {
+  static constexpr int kLanesPerRow = kF / 4;
+  static constexpr int kRowsAtOnce = kWarp / kLanesPerRow;  // R
+  static constexpr int kRowsPerLane = kF / kRowsAtOnce;     // Of θ0's f rows.
+  static constexpr int kWindowRowsPerLane = (kDecodeMaxWindow + kRowsAtOnce - 1) / kRowsAtOnce;
+};
+
+template <int kF>
+__device__ __forceinline__ float ColumnSum(float v) {
+  for (int offset = 1; offset < DecodeTile<kF>::kLanesPerRow; offset *= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+template <int kF>
+__device__ __forceinline__ float RowGroupSum(float v) {
+  for (int offset = DecodeTile<kF>::kLanesPerRow; offset < kWarp; offset *= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// LayerNorm over the f columns of a row held four columns a lane: returns x − mean, and 1/σ.
+template <int kF>
+__device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_std) {
+  const float4 centred = x - Broadcast4(ColumnSum<kF>(Sum4(x)) / kF);
+  *inv_std = rsqrtf(ColumnSum<kF>(Dot4(centred, centred)) / kF + eps);
+  return centred;
+}
+
+// The shared memory an item's warp works in: θ0's W1 [f, f], then q and k [f] each.
+inline size_t DecodeSharedBytes(int f) { return sizeof(float) * (f * f + 2 * f); }
+
+// Whether the loads of DecodeLinearToken's kFourTaps form land on 16-byte boundaries.
+inline bool FourChannelLoadsFit(const TttProjectionInputs& in) {
+  const ProjectionColumns& c = in.columns;
+  const bool projection = Aligned16(in.proj) && c.ld % 4 == 0 && c.q % 4 == 0 && c.v % 4 == 0 &&
+                          (in.share_qk || c.k % 4 == 0);
+  const QkConv& conv = in.conv;
+  return projection && (!in.share_qk || (conv.ck == kFourTaps && conv.history_offset % 4 == 0 &&
+                                         Aligned16(conv.q_weight) && Aligned16(conv.q_bias) &&
+                                         Aligned16(conv.k_weight) && Aligned16(conv.k_bias)));
+}
+
+// Starts copying head `head`'s W1 of the state at `base` (a sequence's layer) into w1, without
+// committing the copy.
+template <int kF>
+__device__ __forceinline__ void CopyW1Async(const float* base, const TttStateOffsets& off, int head,
+                                            float4* w1) {
+  constexpr int L = DecodeTile<kF>::kLanesPerRow;
+  const float4* W1 = reinterpret_cast<const float4*>(base + off.W1) + head * kF * L;
+  for (int i = threadIdx.x % kWarp; i < kF * L; i += kWarp) {
+    __pipeline_memcpy_async(&w1[i], &W1[i], 16);
+  }
+}
+
+// The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
+// gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
+// and after the window's last token θ0 is committed. W1's copy into w1 (DecodeSharedBytes) must
+// be committed before the call; `release()` is called once w1 is no longer read.
+template <int kF, int kTaps, typename Release>
+__device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
+                                                  const TttProjectionInputs& in, Segment seg,
+                                                  int head, float* base, const TttStateOffsets& off,
+                                                  float4* w1, float* out_all, Release release) {
+  using Tile = DecodeTile<kF>;
+  constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
+  float4* shared_q = w1 + kF * L;
+  float4* shared_k = shared_q + L;
+  const int K = p.K, D = p.nh * kF;
+  const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
+  const int r = static_cast<int>(seg.start % K);
+  float4* W1 = reinterpret_cast<float4*>(base + off.W1) + head * kF * L;
+  float4* b1 = reinterpret_cast<float4*>(base + off.b1) + head * L;
+  float4* pk = reinterpret_cast<float4*>(base + off.k) + head * K * L;
+  float4* pg = reinterpret_cast<float4*>(base + off.g1) + head * K * L;
+  float* plr = base + off.lr + head * K;
+
+  // The window's earlier tokens: this lane's rows j = ro + R·m < r (their gradients are loaded
+  // once the keys are used, while W1 is in flight).
+  float4 keys[Tile::kWindowRowsPerLane];
+  float lrs[Tile::kWindowRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    const int j = ro + R * m;
+    keys[m] = j < r ? pk[j * L + cg] : Broadcast4(0.0f);
+    lrs[m] = j < r ? plr[j] : 0.0f;
+  }
+
+  // This token's inputs (spec §3.2–3.4), for this lane's four channels.
+  const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
+  const int channel = head * kF + 4 * cg;
+  float q[4], k[4], v[4];
+  Taps<kTaps> taps[4];
+  float* history = base + in.conv.history_offset;
+  if constexpr (kTaps == kFourTaps) {
+    const float4 projected_v = Load4(projected + in.columns.v + channel);
+    if (in.share_qk) {
+      FourChannelDecodeTaps(history, D, channel, Load4(projected + in.columns.q + channel), taps);
+      FourChannelConv(taps, channel, in.conv.q_weight, in.conv.q_bias, q);
+      FourChannelConv(taps, channel, in.conv.k_weight, in.conv.k_bias, k);
+    } else {
+      const float4 projected_q = Load4(projected + in.columns.q + channel),
+                   projected_k = Load4(projected + in.columns.k + channel);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[i] = Channel(projected_q, i);
+        k[i] = Channel(projected_k, i);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = Channel(projected_v, i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (in.share_qk) {
+        taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
+                                    projected[in.columns.q + channel + i]);
+        q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
+        k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
+      } else {
+        q[i] = projected[in.columns.q + channel + i];
+        k[i] = projected[in.columns.k + channel + i];
+      }
+      v[i] = projected[in.columns.v + channel + i];
+    }
+  }
+  // RoPE at position r in the window: channels (2i, 2i + 1) rotate together.
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const float2 cos_sin = in.rope[r * (kF / 2) + 2 * cg + pair];
+    RotatePair(q[2 * pair], q[2 * pair + 1], cos_sin);
+    RotatePair(k[2 * pair], k[2 * pair + 1], cos_sin);
+  }
+  const float4 q4 = make_float4(q[0], q[1], q[2], q[3]);
+  const float4 k4 = make_float4(k[0], k[1], k[2], k[3]);
+  const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
+  const float lr_t =
+      InnerStepSize(projected[in.columns.lr + head], in.lr_bias[head], in.base_lr, kF);
+  __syncwarp();  // Every lane has read the history before row group 0 shifts it.
+  if (in.share_qk && ro == 0) {
+    if constexpr (kTaps == kFourTaps) {
+      FourChannelShiftHistory(history, D, channel, taps);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
+    }
+  }
+  if (ro == 0) {
+    shared_q[cg] = q4;
+    shared_k[cg] = k4;
+  }
+
+  // coef_j = τ_r·lr_j·(q·k_j + 1) for the window's earlier tokens (zero past them).
+  const float tau_r = p.tau[r];
+  float coef[Tile::kWindowRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    coef[m] = tau_r * lrs[m] * (ColumnSum<kF>(Dot4(q4, keys[m])) + 1.0f);
+  }
+  float4 grads[Tile::kWindowRowsPerLane];
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    const int j = ro + R * m;
+    grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
+  }
+
+  const float4 bias = b1[cg];
+  const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
+  const float4 beta = reinterpret_cast<const float4*>(p.ln_bias + head * kF)[cg];
+  __pipeline_wait_prior(0);
+  __syncwarp();  // W1, q and k are in shared memory.
+
+  // z1 = k·W1 + b1 and zq = q·W1 + b1 (this lane: its rows' share of its columns).
+  const float* sq = reinterpret_cast<const float*>(shared_q);
+  const float* sk = reinterpret_cast<const float*>(shared_k);
+  float4 z1 = Broadcast4(0.0f), zq = Broadcast4(0.0f);
+#pragma unroll
+  for (int m = 0; m < Tile::kRowsPerLane; ++m) {
+    const int d = ro + R * m;
+    const float4 w = w1[d * L + cg];
+    z1 = z1 + sk[d] * w;
+    zq = zq + sq[d] * w;
+  }
+  // Unless this token commits θ0, W1 is not read again: the next item's copy starts.
+  const bool commits = r == K - 1;
+  if (!commits) {
+    __syncwarp();
+    release();
+  }
+  z1 = make_float4(RowGroupSum<kF>(z1.x), RowGroupSum<kF>(z1.y), RowGroupSum<kF>(z1.z),
+                   RowGroupSum<kF>(z1.w)) +
+       bias;
+  zq = make_float4(RowGroupSum<kF>(zq.x), RowGroupSum<kF>(zq.y), RowGroupSum<kF>(zq.z),
+                   RowGroupSum<kF>(zq.w)) +
+       bias;
+
+  // The gradient of this token's loss at θ0 (spec §3.5): ∂/∂z1 of ½‖LN(z1) − (v − k)‖².
+  float inv_std;
+  const float4 z1_centred = CentreColumns<kF>(z1, p.ln_eps, &inv_std);
+  const float4 xhat = inv_std * z1_centred;
+  const float4 e = gamma * (gamma * xhat + beta - (v4 - k4));
+  const float sum_e = ColumnSum<kF>(Sum4(e)), sum_e_xhat = ColumnSum<kF>(Dot4(e, xhat));
+  const float4 g =
+      (inv_std / kF) * (static_cast<float>(kF) * e - Broadcast4(sum_e) - sum_e_xhat * xhat);
+  if (ro == 0) {
+    pk[r * L + cg] = k4;
+    pg[r * L + cg] = g;
+  }
+  if (lane == 0) plr[r] = lr_t;
+
+  // The dual-form row: z̄ = zq − Σ_{j≤r} τ_r·lr_j·(q·k_j + 1)·g_j, out = q + LN(z̄).
+  float4 dual = Broadcast4(0.0f);
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) dual = dual + coef[m] * grads[m];
+  dual = make_float4(RowGroupSum<kF>(dual.x), RowGroupSum<kF>(dual.y), RowGroupSum<kF>(dual.z),
+                     RowGroupSum<kF>(dual.w));
+  const float coef_r = tau_r * lr_t * (ColumnSum<kF>(Dot4(q4, k4)) + 1.0f);
+  const float4 zbar = zq - dual - coef_r * g;
+  float out_inv_std;
+  const float4 out_centred = CentreColumns<kF>(zbar, p.ln_eps, &out_inv_std);
+  if (ro == 0) {
+    reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
+        q4 + gamma * (out_inv_std * out_centred) + beta;
+  }
+  // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
+  // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory. Each lane updates its rows for
+  // every token of the window, so it reloads their gradients (L1 hits, once per window).
+  if (commits) {
+    __syncwarp();  // This token's row of keys and gradients, stored above, is visible.
+    const float tau_last = p.tau[K - 1];
+    float4 scaled[kDecodeMaxWindow];
+    float4 bias_update = Broadcast4(0.0f);
+#pragma unroll
+    for (int j = 0; j < kDecodeMaxWindow; ++j) {
+      scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
+      bias_update = bias_update + scaled[j];
+    }
+    const float* key_rows = reinterpret_cast<const float*>(pk);
+#pragma unroll 4
+    for (int m = 0; m < Tile::kRowsPerLane; ++m) {
+      const int d = ro + R * m;
+      float4 w = w1[d * L + cg];
+#pragma unroll
+      for (int j = 0; j < kDecodeMaxWindow; ++j) {
+        if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
+      }
+      W1[d * L + cg] = w;
+    }
+    if (ro == 0) b1[cg] = bias - bias_update;
+    __syncwarp();
+    release();
+  }
+}
+
+}  // namespace ttt::kernels::cuda
