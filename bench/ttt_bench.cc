@@ -51,6 +51,8 @@ ABSL_FLAG(std::string, timeline, "",
           "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py. "
           "Kernels are traced all along, the timed steps too.");
 ABSL_FLAG(int32_t, timeline_steps, 4, "Decode steps recorded by --timeline.");
+ABSL_FLAG(bool, single_sequence_kernel, false,
+          "CUDA: decode batch 1 with every layer in one kernel where the model fits it.");
 
 namespace ttt {
 namespace {
@@ -118,8 +120,10 @@ absl::Status Run() {
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
-  const EngineOptions engine_options{.backend = absl::GetFlag(FLAGS_backend),
-                                     .precision = precision};
+  const EngineOptions engine_options{
+      .backend = absl::GetFlag(FLAGS_backend),
+      .precision = precision,
+      .single_sequence_kernel = absl::GetFlag(FLAGS_single_sequence_kernel)};
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);

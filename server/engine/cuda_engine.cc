@@ -199,6 +199,14 @@ class CudaEngine : public Engine {
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
+  // The TTT layer's parts as its kernels take them.
+  cu::TttProjectionInputs TttInputs(int64_t layer) const;
+  cu::TttScanParams TttParams(int64_t layer) const;
+  cu::TttStateOffsets TttOffsets() const;
+  // Decode at batch 1 (cu::SequenceStep): its layer table, built once, and its arguments, which
+  // name the scratch buffers as they are now.
+  absl::Status PrepareSequenceStep();
+  cu::SequenceStepArgs SequenceStepArgs() const;
 
   std::shared_ptr<const Model> model_;
   CudaEngineOptions options_;
@@ -237,6 +245,11 @@ class CudaEngine : public Engine {
   cudaEvent_t inputs_uploaded_ = nullptr;
   // Captured decode steps by (batch-size bucket, whether they sample).
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
+  // cu::SequenceStep's layer table (on the device; its first layer on the host too) and
+  // grid-barrier counters; whether the model fits it.
+  DeviceBuffer sequence_step_layers_, sequence_step_barrier_;
+  cu::SequenceStepLayer sequence_step_layer_{};
+  bool sequence_step_ = false;
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
   // memory, one output set per step in flight. Grown with the scratch, keeping what they hold.
@@ -309,6 +322,9 @@ absl::Status CudaEngine::Initialize() {
     TTT_CUDA(cudaEventCreate(&step_done_[set]));
   }
   TTT_CUDA(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
+  if (options_.single_sequence_kernel != CudaEngineOptions::SingleSequenceKernel::kOff) {
+    TTT_RETURN_IF_ERROR(PrepareSequenceStep());
+  }
   if (options_.prefill_tokens_per_step > 0) {
     const int64_t decode_rows = std::min<int64_t>(std::bit_ceil(static_cast<size_t>(capacity_)),
                                                   CudaEngineOptions::kPreparedDecodeRows);
@@ -848,8 +864,12 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   Scratch& s = scratch_;
   TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, chosen_ids_.get<int32_t>(),
                                embedding_, gemm_type(), D, s.h.get<float>(), stream_));
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, one_token_each));
+  if (rows == 1 && one_token_each && sequence_step_) {
+    TTT_CUDA(cu::SequenceStep(SequenceStepArgs(), sequence_step_layer_, gemm_type(), stream_));
+  } else {
+    for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+      TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, one_token_each));
+    }
   }
   if (logit_rows == 0) return absl::OkStatus();
   const float* final_rows = s.h.get<float>();
@@ -873,6 +893,104 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
                              logit_rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
   return absl::OkStatus();
+}
+
+cu::TttProjectionInputs CudaEngine::TttInputs(int64_t layer) const {
+  const ModelConfig& c = model_->config;
+  const LayerWeights& w = layers_[layer];
+  return {.proj = nullptr,
+          .columns = columns_,
+          .rope = rope_,
+          .share_qk = c.share_qk,
+          .conv = {.q_weight = w.conv_q_w,
+                   .q_bias = w.conv_q_b,
+                   .k_weight = w.conv_k_w,
+                   .k_bias = w.conv_k_b,
+                   .ck = static_cast<int>(c.conv_kernel),
+                   .history_offset = layout_.conv_qk},
+          .lr_bias = w.lr_b,
+          .base_lr = static_cast<float>(c.ttt_base_lr)};
+}
+
+cu::TttScanParams CudaEngine::TttParams(int64_t layer) const {
+  const ModelConfig& c = model_->config;
+  const LayerWeights& w = layers_[layer];
+  return {.nh = static_cast<int>(c.num_attention_heads),
+          .f = static_cast<int>(c.head_dim()),
+          .f1 = static_cast<int>(c.inner_width()),
+          .K = static_cast<int>(c.mini_batch_size),
+          .mlp = c.ttt_layer_type == TttLayerType::kMlp,
+          .tau = w.tau,
+          .ln_weight = w.ttt_norm_w,
+          .ln_bias = w.ttt_norm_b,
+          .ln_eps = kLayerNormEps};
+}
+
+cu::TttStateOffsets CudaEngine::TttOffsets() const {
+  return {layout_.W1,         layout_.b1,         layout_.W2,
+          layout_.b2,         layout_.pending_k,  layout_.pending_g1,
+          layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
+}
+
+absl::Status CudaEngine::PrepareSequenceStep() {
+  const ModelConfig& c = model_->config;
+  std::vector<cu::SequenceStepLayer> table;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& w = layers_[i];
+    table.push_back({.in_proj = w.in_proj,
+                     .o_proj = w.o_proj,
+                     .gate_up = w.gate_up,
+                     .down = w.down_proj,
+                     .conv_norm = w.conv_norm,
+                     .conv_w = w.conv_w,
+                     .conv_b = w.conv_b,
+                     .seq_norm = w.seq_norm,
+                     .post_norm_w = w.post_norm_w,
+                     .post_norm_b = w.post_norm_b,
+                     .ffn_norm = w.ffn_norm,
+                     .ttt_inputs = TttInputs(i),
+                     .ttt = TttParams(i),
+                     .state_offset = layout_.layer_offset(i)});
+  }
+  // Every layer is laid out alike: the first tells whether the kernel covers the model.
+  if (table.empty() || !cu::SetUpSequenceStep(SequenceStepArgs(), table.front(), gemm_type())) {
+    if (options_.single_sequence_kernel == CudaEngineOptions::SingleSequenceKernel::kRequired) {
+      return absl::FailedPreconditionError(
+          "single_sequence_kernel: required, but the single-sequence kernel does not cover this "
+          "model on this device");
+    }
+    return absl::OkStatus();
+  }
+  TTT_RETURN_IF_ERROR(sequence_step_layers_.Reserve(table.size() * sizeof(table[0])));
+  TTT_RETURN_IF_ERROR(
+      CopyToDevice(sequence_step_layers_.get(), table.data(), table.size() * sizeof(table[0])));
+  TTT_RETURN_IF_ERROR(sequence_step_barrier_.Reserve(2 * sizeof(unsigned)));
+  TTT_CUDA(cudaMemsetAsync(sequence_step_barrier_.get(), 0, 2 * sizeof(unsigned), stream_));
+  sequence_step_layer_ = table.front();
+  sequence_step_ = true;
+  return absl::OkStatus();
+}
+
+cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
+  const ModelConfig& c = model_->config;
+  const Scratch& s = scratch_;
+  return {.layers = sequence_step_layers_.get<const cu::SequenceStepLayer>(),
+          .num_layers = static_cast<int>(c.num_hidden_layers),
+          .D = static_cast<int>(c.hidden_size),
+          .I = static_cast<int>(c.intermediate_size),
+          .f = static_cast<int>(c.head_dim()),
+          .rms_eps = static_cast<float>(c.rms_norm_eps),
+          .ln_eps = kLayerNormEps,
+          .conv_history_offset = layout_.conv_pre,
+          .offsets = TttOffsets(),
+          .segment = s.segments.get<const cu::Segment>(),
+          .states = pool_.get<float>(),
+          .slot_floats = layout_.total_floats(),
+          .h = s.h.get<float>(),
+          .proj = s.proj.get<float>(),
+          .ttt_out = s.ttt_out.get<float>(),
+          .act = s.ffn_act.get(),
+          .barrier = sequence_step_barrier_.get<unsigned>()};
 }
 
 absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
@@ -909,30 +1027,10 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   }
   float* proj = s.proj.get<float>();
   TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
-  const cu::TttProjectionInputs inputs{.proj = proj,
-                                       .columns = columns_,
-                                       .rope = rope_,
-                                       .share_qk = c.share_qk,
-                                       .conv = {.q_weight = w.conv_q_w,
-                                                .q_bias = w.conv_q_b,
-                                                .k_weight = w.conv_k_w,
-                                                .k_bias = w.conv_k_b,
-                                                .ck = ck,
-                                                .history_offset = layout_.conv_qk},
-                                       .lr_bias = w.lr_b,
-                                       .base_lr = static_cast<float>(c.ttt_base_lr)};
-  const cu::TttScanParams params{.nh = nh,
-                                 .f = f,
-                                 .f1 = static_cast<int>(c.inner_width()),
-                                 .K = static_cast<int>(c.mini_batch_size),
-                                 .mlp = c.ttt_layer_type == TttLayerType::kMlp,
-                                 .tau = w.tau,
-                                 .ln_weight = w.ttt_norm_w,
-                                 .ln_bias = w.ttt_norm_b,
-                                 .ln_eps = kLayerNormEps};
-  const cu::TttStateOffsets offsets{layout_.W1,         layout_.b1,         layout_.W2,
-                                    layout_.b2,         layout_.pending_k,  layout_.pending_g1,
-                                    layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
+  cu::TttProjectionInputs inputs = TttInputs(layer);
+  inputs.proj = proj;
+  const cu::TttScanParams params = TttParams(layer);
+  const cu::TttStateOffsets offsets = TttOffsets();
   float* ttt_out = s.ttt_out.get<float>();
   if (one_token_each && cu::TttDecodeFits(params, inputs, state, offsets)) {
     TTT_CUDA(

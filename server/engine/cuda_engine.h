@@ -27,6 +27,12 @@ struct CudaEngineOptions {
   // still run; they pay once.
   int64_t prefill_tokens_per_step = 0;
   static constexpr int64_t kPreparedDecodeRows = 1024;
+  // Decode steps of a single sequence can run every layer in one persistent kernel
+  // (cu::SequenceStep, TTT-Linear models): never (a kernel per stage, as larger batches run),
+  // where the model fits it, or always, creation failing for a model it does not cover. Off by
+  // default: it is still slower than the kernels per stage (bench/README.md, v16).
+  enum class SingleSequenceKernel { kOff, kWhereItFits, kRequired };
+  SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kOff;
 };
 
 // Number of CUDA devices usable by this process (0 without a driver or GPU).

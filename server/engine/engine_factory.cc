@@ -18,7 +18,11 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                             {.precision = options.precision,
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
-                             .prefill_tokens_per_step = options.prefill_tokens_per_step});
+                             .prefill_tokens_per_step = options.prefill_tokens_per_step,
+                             .single_sequence_kernel =
+                                 options.single_sequence_kernel
+                                     ? CudaEngineOptions::SingleSequenceKernel::kWhereItFits
+                                     : CudaEngineOptions::SingleSequenceKernel::kOff});
   }
 #else
   if (options.backend == "cuda") {

@@ -16,6 +16,7 @@ struct EngineOptions {
   int64_t max_sequences = 0;          // 0: as many as the state pool holds (CPU: no limit).
   double state_pool_fraction = 0.5;   // CUDA: share of free GPU memory for states.
   int64_t prefill_tokens_per_step = 0;  // CUDA: prepare at start for steps of this budget.
+  bool single_sequence_kernel = false;  // CUDA: batch-1 decode in one kernel where it fits.
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this

@@ -275,6 +275,131 @@ INSTANTIATE_TEST_SUITE_P(EveryInnerAndFlag, CudaMatchesCpuTest,
                                                               TttLayerType::kMlp),
                                             ::testing::Range(0, 8), ::testing::Values(64, 32)));
 
+// Decode at batch 1 runs every layer in one kernel (cu::SequenceStep). Engines that must use it
+// against the CPU engine: one sequence decoding 70 tokens after a prompt of 9 (windows committed
+// four times, the last mid-window), on a random TTT-Linear model.
+struct SequenceStepRun {
+  float worst = 0;  // max|Δ| of the logits
+  Bf16Agreement agreement;
+};
+
+SequenceStepRun RunSequenceStep(const ModelConfig& c, WeightPrecision precision, uint32_t seed) {
+  SequenceStepRun run;
+  auto model = testing::RandomModel(c, seed);
+  CpuEngine cpu(model);
+  auto gpu = CreateCudaEngine(
+      model, {.precision = precision,
+              .max_sequences = 4,
+              .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kRequired});
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!gpu.ok()) return run;
+  RunSideBySide(cpu, **gpu, c.vocab_size, {9}, /*steps=*/70, LogitsFor::kNone, seed,
+                [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+                  run.worst = std::max(run.worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+                  run.agreement.Add(gpu_logits, cpu_logits);
+                });
+  return run;
+}
+
+// Every backbone flag and head size the TTT step has a form for.
+ModelConfig SequenceStepModel(int flags, int head_dim) {
+  ModelConfig c;
+  c.vocab_size = 211;
+  c.hidden_size = 128;
+  c.num_attention_heads = c.hidden_size / head_dim;
+  c.intermediate_size = 96;
+  c.conv_kernel = head_dim == 32 ? 3 : 4;
+  c.num_hidden_layers = 3;
+  c.share_qk = flags & 1;
+  c.use_gate = flags & 2;
+  c.pre_conv = flags & 4;
+  c.tie_word_embeddings = flags % 2 == 0;
+  return c;
+}
+
+// float32: held to the golden bound.
+class CudaSequenceStepTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(CudaSequenceStepTest, OneSequenceMatchesTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  const auto [flags, head_dim] = GetParam();
+  const SequenceStepRun run =
+      RunSequenceStep(SequenceStepModel(flags, head_dim), WeightPrecision::kFloat32, 300 + flags);
+  std::printf("[sequence-step] f32 flags %d f %d: max|Δ| %.3g\n", flags, head_dim, run.worst);
+  EXPECT_LE(run.worst, 1e-3f);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryFlagAndHeadSize, CudaSequenceStepTest,
+                         ::testing::Combine(::testing::Range(0, 8), ::testing::Values(64, 32, 16)));
+
+// bf16: each model's relative error, and argmax agreement pooled over all of them (a model's 70
+// positions make one near-tie worth 1.4%), as the golden models' bf16 test holds them.
+TEST(CudaSequenceStepTest, BFloat16CloseToTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  Bf16Agreement pooled;
+  for (int flags = 0; flags < 8; ++flags) {
+    for (const int head_dim : {64, 32, 16}) {
+      const SequenceStepRun run = RunSequenceStep(SequenceStepModel(flags, head_dim),
+                                                  WeightPrecision::kBFloat16, 300 + flags);
+      std::printf("[sequence-step] bf16 flags %d f %d: relative error %.3g, argmax %lld/%lld\n",
+                  flags, head_dim, run.agreement.relative(),
+                  static_cast<long long>(run.agreement.agree),
+                  static_cast<long long>(run.agreement.positions));
+      EXPECT_LE(run.agreement.relative(), 2e-2) << "flags " << flags << " f " << head_dim;
+      pooled.agree += run.agreement.agree;
+      pooled.positions += run.agreement.positions;
+    }
+  }
+  std::printf("[sequence-step] bf16 argmax agreement: %lld/%lld\n",
+              static_cast<long long>(pooled.agree), static_cast<long long>(pooled.positions));
+  EXPECT_GE(double(pooled.agree) / pooled.positions, 0.98);
+}
+
+// A model wide enough that each block's share of a product passes through the kernel's ring of
+// shared-memory slots several times over (gate_up: 64 rows of 4 KB a block, eight a slot).
+TEST(CudaSequenceStepTest, AWideModelMatchesTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
+  c.hidden_size = 1024;
+  c.num_attention_heads = 16;
+  c.intermediate_size = 4096;
+  c.num_hidden_layers = 2;
+  const SequenceStepRun run = RunSequenceStep(c, WeightPrecision::kFloat32, 17);
+  std::printf("[sequence-step] f32 wide: max|Δ| %.3g\n", run.worst);
+  EXPECT_LE(run.worst, 1e-3f);
+}
+
+// A model the single-sequence kernel does not cover (TTT-MLP) decodes at batch 1 through the
+// per-stage kernels, or, when the kernel is required, is refused at creation with a clear error.
+TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.vocab_size = 97;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 1;
+  c.ttt_layer_type = TttLayerType::kMlp;
+  auto model = testing::RandomModel(c, 3);
+  auto required = CreateCudaEngine(
+      model, {.max_sequences = 4,
+              .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kRequired});
+  ASSERT_FALSE(required.ok());
+  EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(required.status().message().find("single_sequence_kernel"), std::string::npos);
+
+  auto fallback = CreateCudaEngine(model, {.max_sequences = 4});
+  ASSERT_TRUE(fallback.ok()) << fallback.status();
+  CpuEngine cpu(model);
+  Bf16Agreement agreement;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      cpu, **fallback, c.vocab_size, {5}, /*steps=*/20, LogitsFor::kNone, 1,
+      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+        agreement.Add(gpu_logits, cpu_logits);
+      }));
+  EXPECT_LE(agreement.relative(), 2e-2);
+}
+
 // A decode step of more (sequence, head) pairs than the device holds warps at once, so that each
 // of the decode kernel's warps walks several, copying the next one's θ0 while computing one: 1,024
 // sequences at mixed offsets, each decoded token by token, against the same tokens run as one
