@@ -18,8 +18,10 @@
 // What crosses blocks (h, the projection, the TTT output, the feed-forward's activation) is
 // written before a barrier and read after it; the sequence's state is read and written by one
 // block each (a head's by its warp, the pre-conv's history by the last block).
+//
+// It is exact but not yet faster than the kernels per stage (bench/README.md, v16: 1b 1.51
+// against 1.29 ms a token), so the engine uses it only when asked to.
 #include <algorithm>
-#include <atomic>
 #include <cuda/atomic>
 #include <cuda/ptx>
 

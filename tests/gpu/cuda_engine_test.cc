@@ -355,8 +355,8 @@ TEST(CudaSequenceStepTest, BFloat16CloseToTheCpuEngine) {
   EXPECT_GE(double(pooled.agree) / pooled.positions, 0.98);
 }
 
-// A model wide enough that each block's share of a product passes through the kernel's ring of
-// shared-memory slots several times over (gate_up: 64 rows of 4 KB a block, eight a slot).
+// A model wide enough that the kernel's ring of shared-memory slots is refilled within a product
+// (gate_up: 64 rows of 4 KB a block, eight a slot: eight chunks through five slots).
 TEST(CudaSequenceStepTest, AWideModelMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
   ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
