@@ -388,7 +388,9 @@ TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
   EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(required.status().message().find("single_sequence_kernel"), std::string::npos);
 
-  auto fallback = CreateCudaEngine(model, {.max_sequences = 4});
+  auto fallback = CreateCudaEngine(
+      model, {.max_sequences = 4,
+              .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kWhereItFits});
   ASSERT_TRUE(fallback.ok()) << fallback.status();
   CpuEngine cpu(model);
   Bf16Agreement agreement;
