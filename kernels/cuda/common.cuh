@@ -64,11 +64,12 @@ __device__ __forceinline__ float4 operator*(float4 a, float4 b) {
 __device__ __forceinline__ float4 Broadcast4(float s) { return make_float4(s, s, s, s); }
 
 // A 16-byte vector of a product's operand (w, or x in w's type): eight bf16 or four float32,
-// unpacked into floats.
+// unpacked into floats. It is taken by value: from a reference into memory the compiler loads
+// the pairs one by one, four 4-byte loads where one 16-byte load does.
 template <typename T>
 inline constexpr int kElements = 16 / sizeof(T);
 
-__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], const __nv_bfloat16*) {
+__device__ __forceinline__ void Unpack(uint4 v, float (&out)[8], const __nv_bfloat16*) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -78,7 +79,7 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&out)[8], const __
   }
 }
 
-__device__ __forceinline__ void Unpack(const uint4& v, float (&out)[4], const float*) {
+__device__ __forceinline__ void Unpack(uint4 v, float (&out)[4], const float*) {
   const float4 p = *reinterpret_cast<const float4*>(&v);
   out[0] = p.x, out[1] = p.y, out[2] = p.z, out[3] = p.w;
 }
