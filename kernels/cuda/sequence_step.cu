@@ -11,16 +11,18 @@
 //   mbarriers). It waits for nothing but free slots, so the stream runs on through the stages
 //   between products and into the next layer;
 // - the consumer warps do the stages. Each block makes a product's input row itself (a norm over a
-//   few KB, cheaper than one more barrier), multiplies it into its slots' rows, and writes their
-//   outputs; the TTT step runs a warp a head (DecodeLinearToken) on the first blocks.
+//   few KB, cheaper than one more barrier), multiplies it into its slots' rows, a warp two rows
+//   at a time, and writes their outputs; the TTT step runs a warp a head (DecodeLinearToken) on
+//   the first blocks.
 // The stages meet at grid barriers; the launch is cooperative, so every block is resident.
 //
 // What crosses blocks (h, the projection, the TTT output, the feed-forward's activation) is
 // written before a barrier and read after it; the sequence's state is read and written by one
 // block each (a head's by its warp, the pre-conv's history by the last block).
 //
-// It is exact but not yet faster than the kernels per stage (bench/README.md, v16: 1b 1.51
-// against 1.29 ms a token), so the engine uses it only when asked to.
+// It is exact, and at 1b as fast as the kernels per stage but no faster (bench/README.md, v17:
+// 1.28 against 1.29 ms a token; at 125m 0.33 against 0.28), so the engine uses it only when
+// asked to.
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
@@ -34,13 +36,10 @@ constexpr int kConsumerWarps = 7;
 constexpr int kConsumerThreads = kConsumerWarps * kWarp;
 constexpr int kThreads = kWarp + kConsumerThreads;  // Warp 0 is the producer.
 constexpr int kConsumerBarrier = 1;                 // Named barrier 0 is __syncthreads'.
-// A slot holds whole rows, up to kMaxRowsPerChunk: eight of 2,048 bf16, two of the 1b model's
-// down_proj (5,504).
+// A slot holds whole rows: eight of 2,048 bf16, two of the 1b model's down_proj (5,504).
 constexpr int kSlotBytes = 32 * 1024;
 constexpr int kMinSlots = 2, kMaxSlots = 6;
 constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
-// A chunk's rows: a consumer thread keeps a sum for each.
-constexpr int kMaxRowsPerChunk = 8;
 // A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
 constexpr int kQuads = 4;
 static_assert(2 * kMaxSlots * sizeof(uint64_t) <= kBarrierBytes);
@@ -72,7 +71,7 @@ __device__ Share ShareOf(const SequenceStepArgs& a, const SequenceStepLayer& lay
   s.first = min(out, static_cast<int>(blockIdx.x) * per_block);
   s.rows = min(out, s.first + per_block) - s.first;
   s.row_bytes = in * static_cast<int>(sizeof(T));
-  s.rows_per_chunk = min(kMaxRowsPerChunk, kSlotBytes / s.row_bytes);
+  s.rows_per_chunk = kSlotBytes / s.row_bytes;
   if (s.pairs) s.rows_per_chunk -= s.rows_per_chunk % 2;
   s.w = static_cast<const char*>(w) + static_cast<int64_t>(s.first) * s.row_bytes;
   return s;
@@ -134,8 +133,8 @@ __device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
   ConsumersSync();
   expected += gridDim.x;
   if (threadIdx.x == kWarp) {
+    // The release is cumulative: it publishes the writes the sync above ordered before it.
     ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*arrivals);
-    __threadfence();  // The block's writes, ordered by the sync above, before its arrival.
     count.fetch_add(1, ::cuda::memory_order_release);
     while (count.load(::cuda::memory_order_acquire) < expected) {
     }
@@ -144,60 +143,67 @@ __device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
 }
 
 // The consumers' part of a product, chunk j of the block's share being the ring's chunk
-// `first_chunk` + j. Every consumer warp takes part in every chunk, each its own range of every
-// row's vectors (so x's part of a warp is the same across rows); their sums meet in `partial`
-// (two sets, a chunk's and the next one's), and then one thread a row (or a pair) hands them to
-// `out(row, sum, next_row_sum)` (the second only for pairs). A thread waits for a slot's next
-// fill only once it has used the one before, as an mbarrier's parity requires.
+// `first_chunk` + j, its input x in floats. Rows go to warps in units of two (one where a chunk's
+// rows are odd), the share's units dealt round-robin, so a warp multiplies whole rows and sums
+// them within itself: no warp waits for another, and a warp may run ahead to the next chunks
+// while others finish one. A chunk's empty barrier counts kConsumerWarps arrivals: one from each
+// warp with units there, and the first of them also arrives for the warps without. Every warp
+// still waits for each chunk's fill in turn, as the barriers' parity requires.
+// `out(row, sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
 template <typename T, typename Out>
-__device__ void Multiply(const Share& s, const T* x, char* ring, int slots, uint64_t* full,
-                         uint64_t* empty, int first_chunk, float* partial, Out out) {
+__device__ void Multiply(const Share& s, const float* x, char* ring, int slots, uint64_t* full,
+                         uint64_t* empty, int first_chunk, Out out) {
   constexpr int E = kElements<T>;
-  const int t = threadIdx.x - kWarp, lane = t % kWarp, warp = t / kWarp;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp - 1;
   const int vectors = s.in / E;
-  const int per_warp = (vectors + kConsumerWarps - 1) / kConsumerWarps;
-  const int begin = warp * per_warp + lane, end = min(vectors, (warp + 1) * per_warp);
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const int unit_rows = s.rows_per_chunk % 2 == 0 ? 2 : 1;
+  const int chunk_units = s.rows_per_chunk / unit_rows;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  int unit = warp;  // This warp's next unit, counted over the share.
   for (int j = 0; j < s.chunks(); ++j) {
     const int chunk = first_chunk + j, slot = chunk % slots;
-    const int first = j * s.rows_per_chunk, rows = min(s.rows_per_chunk, s.rows - first);
+    const int rows = min(s.rows_per_chunk, s.rows - j * s.rows_per_chunk);
+    const int first_unit = j * chunk_units, units = (rows + unit_rows - 1) / unit_rows;
     WaitFor(&full[slot], (chunk / slots) & 1);
-    const uint4* wv = reinterpret_cast<const uint4*>(ring + slot * kSlotBytes);
-    // Straight-line code over all kMaxRowsPerChunk rows (rows past the chunk's re-read its last
-    // one, and their sums are dropped), so that the rows' loads and shuffles overlap.
-    float sum[kMaxRowsPerChunk] = {};
-    for (int v = begin; v < end; v += kWarp) {
-      float xf[E];
-      Unpack(xv[v], xf, static_cast<const T*>(nullptr));
+    if (unit >= first_unit + units) continue;
+    const uint32_t arrivals = unit == first_unit ? 1 + max(0, kConsumerWarps - units) : 1;
+    for (; unit < first_unit + units; unit += kConsumerWarps) {
+      const int r = unit * unit_rows - j * s.rows_per_chunk;  // The unit's row in the chunk.
+      const bool two = unit_rows == 2 && r + 1 < rows;
+      const uint4* w0 = reinterpret_cast<const uint4*>(ring + slot * kSlotBytes) + r * vectors;
+      const uint4* w1 = two ? w0 + vectors : w0;
+      // Two sums a row, even and odd elements, halve the chains of dependent fmas.
+      float sum0[2] = {}, sum1[2] = {};
+#pragma unroll 4
+      for (int v = lane; v < vectors; v += kWarp) {
+        float xf[E], wf0[E], wf1[E];
 #pragma unroll
-      for (int r = 0; r < kMaxRowsPerChunk; ++r) {
-        float wf[E];
-        Unpack(wv[min(r, rows - 1) * vectors + v], wf, static_cast<const T*>(nullptr));
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 x_quad = x4[v * (E / 4) + q];
+          xf[4 * q] = x_quad.x, xf[4 * q + 1] = x_quad.y;
+          xf[4 * q + 2] = x_quad.z, xf[4 * q + 3] = x_quad.w;
+        }
+        Unpack(w0[v], wf0, static_cast<const T*>(nullptr));
+        Unpack(w1[v], wf1, static_cast<const T*>(nullptr));
 #pragma unroll
-        for (int e = 0; e < E; ++e) sum[r] = fmaf(xf[e], wf[e], sum[r]);
+        for (int e = 0; e < E; ++e) {
+          sum0[e % 2] = fmaf(xf[e], wf0[e], sum0[e % 2]);
+          sum1[e % 2] = fmaf(xf[e], wf1[e], sum1[e % 2]);
+        }
+      }
+      const float row0 = WarpSum(sum0[0] + sum0[1]), row1 = WarpSum(sum1[0] + sum1[1]);
+      if (lane == 0) {
+        const int row = s.first + j * s.rows_per_chunk + r;
+        if (s.pairs) {
+          out(row, row0, row1);
+        } else {
+          out(row, row0, 0.0f);
+          if (two) out(row + 1, row1, 0.0f);
+        }
       }
     }
-#pragma unroll
-    for (int r = 0; r < kMaxRowsPerChunk; ++r) sum[r] = WarpSum(sum[r]);
-    float* part = partial + (chunk & 1) * kConsumerWarps * kMaxRowsPerChunk;
-    if (lane < kMaxRowsPerChunk) {
-#pragma unroll
-      for (int r = 0; r < kMaxRowsPerChunk; ++r) {
-        if (lane == r) part[warp * kMaxRowsPerChunk + r] = sum[r];
-      }
-    }
-    ConsumersSync();  // Every warp's sums are in, and the slot is read.
-    if (t == 0) ::cuda::ptx::mbarrier_arrive(&empty[slot]);
-    const int step = s.pairs ? 2 : 1;
-    if (t * step < rows) {
-      const int r = t * step;
-      float a = 0, b = 0;
-      for (int w = 0; w < kConsumerWarps; ++w) {
-        a += part[w * kMaxRowsPerChunk + r];
-        if (s.pairs) b += part[w * kMaxRowsPerChunk + r + 1];
-      }
-      out(s.first + first + r, a, b);
-    }
+    __syncwarp();
+    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[slot], arrivals);
   }
 }
 
@@ -230,9 +236,6 @@ __device__ __forceinline__ float4 PreConvQuad(const float* history, int D, int c
   return make_float4(out[0], out[1], out[2], out[3]);
 }
 
-__device__ __forceinline__ void StoreQuad(__nv_bfloat16* x, int c, float4 v) {
-  StoreAs(x, c, v.x), StoreAs(x, c + 1, v.y), StoreAs(x, c + 2, v.z), StoreAs(x, c + 3, v.w);
-}
 __device__ __forceinline__ void StoreQuad(float* x, int c, float4 v) {
   *reinterpret_cast<float4*>(x + c) = v;
 }
@@ -286,11 +289,11 @@ template <typename T, int kF, int kTaps>
 __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepArgs a, int slots) {
   extern __shared__ __align__(128) char shared[];
   __shared__ float scratch[kWarp];
-  __shared__ float partial[2 * kConsumerWarps * kMaxRowsPerChunk];
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);
   uint64_t* empty = full + kMaxSlots;
   char* ring = shared + kBarrierBytes;
-  T* x = reinterpret_cast<T*>(ring + slots * kSlotBytes);      // A product's input row.
+  // A product's input row, in floats: the products' loops then unpack only the weights.
+  float* x = reinterpret_cast<float*>(ring + slots * kSlotBytes);
   float* resid = reinterpret_cast<float*>(x + max(a.D, a.I));  // This block's copy of h.
   float* normed = resid + a.D;  // The pre-conv's normed row, for the history.
   float4* w1 = reinterpret_cast<float4*>(normed + a.D);  // DecodeSharedBytes(kF)
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
       ::cuda::ptx::mbarrier_init(&full[s], 1);
-      ::cuda::ptx::mbarrier_init(&empty[s], 1);
+      ::cuda::ptx::mbarrier_init(&empty[s], kConsumerWarps);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
@@ -316,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   unsigned expected = 0;
   int chunk = 0;
   auto multiply = [&](const Share& s, auto out) {
-    Multiply<T>(s, x, ring, slots, full, empty, chunk, partial, out);
+    Multiply<T>(s, x, ring, slots, full, empty, chunk, out);
     chunk += s.chunks();
   };
   PrefetchLayer(a, a.layers[0], sequence_state + a.layers[0].state_offset, t, kConsumerThreads);
@@ -324,6 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const SequenceStepLayer& layer = a.layers[l];
     float* base = sequence_state + layer.state_offset;
     const int nh = layer.ttt.nh;
+    // Each product's share is read from the layer table at the start of the stage before it, so
+    // that those loads overlap the stage's own.
+    const Share in_proj = ShareOf<T>(a, layer, kInProj);
     // The first head's W1 (its state is this block's alone) comes while the stages before run.
     if (warp == 0) {
       if (blockIdx.x < nh) CopyW1Async<kF>(base, a.offsets, blockIdx.x, w1);
@@ -357,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       StoreQuad(x, c, (inv_rms * v[m]) * Load4(layer.seq_norm + c));
     });
     ConsumersSync();
-    multiply(ShareOf<T>(a, layer, kInProj), [&](int row, float sum, float) { a.proj[row] = sum; });
+    multiply(in_proj, [&](int row, float sum, float) { a.proj[row] = sum; });
     GridBarrier(a.barrier, expected);
 
     // The TTT step, a head a block. Meanwhile the other warps ask L2 for the next layer's
@@ -391,6 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     GridBarrier(a.barrier, expected);
 
     // o_proj of LayerNorm(TTT output) · gelu(gate), added into h.
+    const Share o_proj = ShareOf<T>(a, layer, kOProj);
     const float4* out4 = reinterpret_cast<const float4*>(a.ttt_out);
     const int g = layer.ttt_inputs.columns.g;
     float4 gate[kQuads];
@@ -416,11 +423,11 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       StoreQuad(x, c, y);
     });
     ConsumersSync();
-    multiply(ShareOf<T>(a, layer, kOProj),
-             [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
+    multiply(o_proj, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
     GridBarrier(a.barrier, expected);
 
     // The feed-forward: SwiGLU of gate_up(RMSNorm(h)), then down, added into h.
+    const Share gate_up = ShareOf<T>(a, layer, kGateUp);
     squares = 0;
     ForEachQuad(D, [&](int m, int c) {
       v[m] = __ldcg(h4 + c / 4);
@@ -432,17 +439,23 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       StoreQuad(x, c, (ffn_inv_rms * v[m]) * Load4(layer.ffn_norm + c));
     });
     ConsumersSync();
-    multiply(ShareOf<T>(a, layer, kGateUp), [&](int row, float gate_sum, float up_sum) {
+    multiply(gate_up, [&](int row, float gate_sum, float up_sum) {
       StoreAs(static_cast<T*>(a.act), row / 2, Swish(gate_sum, up_sum));
     });
     GridBarrier(a.barrier, expected);
+    const Share down = ShareOf<T>(a, layer, kDown);
     const uint4* act = static_cast<const uint4*>(a.act);
     for (int i = t; i < I / kElements<T>; i += kConsumerThreads) {
-      reinterpret_cast<uint4*>(x)[i] = __ldcg(act + i);
+      float f[kElements<T>];
+      Unpack(__ldcg(act + i), f, static_cast<const T*>(nullptr));
+#pragma unroll
+      for (int q = 0; q < kElements<T> / 4; ++q) {
+        StoreQuad(x, i * kElements<T> + 4 * q,
+                  make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]));
+      }
     }
     ConsumersSync();
-    multiply(ShareOf<T>(a, layer, kDown),
-             [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
+    multiply(down, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
     if (l + 1 < a.num_layers) GridBarrier(a.barrier, expected);
   }
 
@@ -462,9 +475,10 @@ size_t ElementBytes(ElementType type) {
   return type == ElementType::kBFloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
 }
 
-// Shared memory besides the slots: barriers, the input row, h and the normed row, a head's W1.
-size_t FixedSharedBytes(const SequenceStepArgs& a, ElementType type, int f) {
-  return kBarrierBytes + ElementBytes(type) * std::max(a.D, a.I) + 2 * sizeof(float) * a.D +
+// Shared memory besides the slots: barriers, the input row (floats), h and the normed row, a
+// head's W1.
+size_t FixedSharedBytes(const SequenceStepArgs& a, int f) {
+  return kBarrierBytes + sizeof(float) * std::max(a.D, a.I) + 2 * sizeof(float) * a.D +
          DecodeSharedBytes(f);
 }
 
@@ -496,8 +510,8 @@ size_t DynamicSharedLimit(const Device& d) {
 }
 
 // The slots that fit beside the fixed part.
-int SlotsFor(const SequenceStepArgs& a, ElementType type, int f, const Device& d) {
-  const size_t fixed = FixedSharedBytes(a, type, f);
+int SlotsFor(const SequenceStepArgs& a, int f, const Device& d) {
+  const size_t fixed = FixedSharedBytes(a, f);
   if (DynamicSharedLimit(d) < fixed) return 0;
   return static_cast<int>(
       std::min<size_t>(kMaxSlots, (DynamicSharedLimit(d) - fixed) / kSlotBytes));
@@ -553,7 +567,7 @@ bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer
                     weights_aligned && rows_aligned &&
                     TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
                     layer.ttt.f == a.f && layer.ttt_inputs.conv.ck <= kMaxTaps &&
-                    SlotsFor(a, type, a.f, d) >= kMinSlots;
+                    SlotsFor(a, a.f, d) >= kMinSlots;
   if (!fits) return false;
   TttProjectionInputs inputs = layer.ttt_inputs;
   inputs.proj = a.proj;
@@ -570,7 +584,7 @@ cudaError_t SequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& lay
                          ElementType type, cudaStream_t stream) {
   Device d;
   if (const cudaError_t status = CurrentDevice(&d); status != cudaSuccess) return status;
-  const int slots = SlotsFor(a, type, a.f, d);
+  const int slots = SlotsFor(a, a.f, d);
   if (slots < kMinSlots) return cudaErrorNotSupported;
   if (!Aligned16(a.h) || !Aligned16(a.ttt_out) || !Aligned16(a.act) || !Aligned16(a.proj)) {
     return cudaErrorInvalidValue;
@@ -583,8 +597,7 @@ cudaError_t SequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& lay
   cudaLaunchConfig_t config{};
   config.gridDim = d.sms;
   config.blockDim = kThreads;
-  config.dynamicSmemBytes =
-      FixedSharedBytes(a, type, a.f) + static_cast<size_t>(slots) * kSlotBytes;
+  config.dynamicSmemBytes = FixedSharedBytes(a, a.f) + static_cast<size_t>(slots) * kSlotBytes;
   config.stream = stream;
   config.attrs = &cooperative;
   config.numAttrs = 1;
