@@ -143,13 +143,13 @@ __device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
 }
 
 // The consumers' part of a product, chunk j of the block's share being the ring's chunk
-// `first_chunk` + j, its input x in floats. Rows go to warps in units of two (one where a chunk's
-// rows are odd), the share's units dealt round-robin, so a warp multiplies whole rows and sums
-// them within itself: no warp waits for another, and a warp may run ahead to the next chunks
-// while others finish one. A chunk's empty barrier counts kConsumerWarps arrivals: one from each
-// warp with units there, and the first of them also arrives for the warps without. Every warp
-// still waits for each chunk's fill in turn, as the barriers' parity requires.
-// `out(row, sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
+// `first_chunk` + j, its input x in floats (laid out by XQuad). Rows go to warps in units of two
+// (one where a chunk's rows are odd), the share's units dealt round-robin, so a warp multiplies
+// whole rows and sums them within itself: no warp waits for another, and a warp may run ahead to
+// the next chunks while others finish one. A chunk's empty barrier counts kConsumerWarps arrivals:
+// one from each warp with units there, and the first of them also arrives for the warps without.
+// Every warp still waits for each chunk's fill in turn, as the barriers' parity requires. `out(row,
+// sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
 template <typename T, typename Out>
 __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, uint64_t* full,
                          uint64_t* empty, int first_chunk, Out out) {
@@ -179,7 +179,7 @@ __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, 
         float xf[E], wf0[E], wf1[E];
 #pragma unroll
         for (int q = 0; q < E / 4; ++q) {
-          const float4 x_quad = x4[v * (E / 4) + q];
+          const float4 x_quad = x4[q * vectors + v];
           xf[4 * q] = x_quad.x, xf[4 * q + 1] = x_quad.y;
           xf[4 * q + 2] = x_quad.z, xf[4 * q + 3] = x_quad.w;
         }
@@ -236,8 +236,19 @@ __device__ __forceinline__ float4 PreConvQuad(const float* history, int D, int c
   return make_float4(out[0], out[1], out[2], out[3]);
 }
 
-__device__ __forceinline__ void StoreQuad(float* x, int c, float4 v) {
-  *reinterpret_cast<float4*>(x + c) = v;
+// A product's input row holds, for each 16-byte vector v of a weight row, its E floats as E/4
+// float4s kept `vectors` apart (all first quads, then all second ones), so that a warp's loads of
+// either are contiguous rather than 32 bytes apart (a two-way bank conflict).
+template <typename T>
+__device__ __forceinline__ int XQuad(int c, int width) {
+  constexpr int E = kElements<T>;
+  return c % E / 4 * (width / E) + c / E;
+}
+
+// Channels c .. c + 3 of a product's input row of `width` channels.
+template <typename T>
+__device__ __forceinline__ void StoreQuad(float* x, int width, int c, float4 v) {
+  reinterpret_cast<float4*>(x)[XQuad<T>(c, width)] = v;
 }
 
 // Asks L2 for what a layer's stages read besides the weight stream and the activations: its
@@ -360,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const float inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
     ForEachQuad(D, [&](int m, int c) {
       *reinterpret_cast<float4*>(resid + c) = v[m];
-      StoreQuad(x, c, (inv_rms * v[m]) * Load4(layer.seq_norm + c));
+      StoreQuad<T>(x, D, c, (inv_rms * v[m]) * Load4(layer.seq_norm + c));
     });
     ConsumersSync();
     multiply(in_proj, [&](int row, float sum, float) { a.proj[row] = sum; });
@@ -420,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
         y = make_float4(Gelu(gate[m].x) * y.x, Gelu(gate[m].y) * y.y, Gelu(gate[m].z) * y.z,
                         Gelu(gate[m].w) * y.w);
       }
-      StoreQuad(x, c, y);
+      StoreQuad<T>(x, D, c, y);
     });
     ConsumersSync();
     multiply(o_proj, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
@@ -436,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const float ffn_inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
     ForEachQuad(D, [&](int m, int c) {
       *reinterpret_cast<float4*>(resid + c) = v[m];
-      StoreQuad(x, c, (ffn_inv_rms * v[m]) * Load4(layer.ffn_norm + c));
+      StoreQuad<T>(x, D, c, (ffn_inv_rms * v[m]) * Load4(layer.ffn_norm + c));
     });
     ConsumersSync();
     multiply(gate_up, [&](int row, float gate_sum, float up_sum) {
@@ -450,8 +461,8 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       Unpack(__ldcg(act + i), f, static_cast<const T*>(nullptr));
 #pragma unroll
       for (int q = 0; q < kElements<T> / 4; ++q) {
-        StoreQuad(x, i * kElements<T> + 4 * q,
-                  make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]));
+        StoreQuad<T>(x, I, i * kElements<T> + 4 * q,
+                     make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]));
       }
     }
     ConsumersSync();
