@@ -20,9 +20,9 @@
 // written before a barrier and read after it; the sequence's state is read and written by one
 // block each (a head's by its warp, the pre-conv's history by the last block).
 //
-// It is exact, and at 1b as fast as the kernels per stage but no faster (bench/README.md, v17:
-// 1.28 against 1.29 ms a token; at 125m 0.33 against 0.28), so the engine uses it only when
-// asked to.
+// It is exact, but only a little faster than the kernels per stage at 1b and slower at 125m
+// (bench/README.md, v17: 1.25 against 1.29 ms a token; 0.32 against 0.28), so the engine uses it
+// only when asked to.
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
