@@ -369,6 +369,40 @@ TEST(CudaSequenceStepTest, AWideModelMatchesTheCpuEngine) {
   EXPECT_LE(run.worst, 1e-3f);
 }
 
+// bf16 on a wide model, where down_proj's rows come three a slot (a row a warp's unit), against
+// the per-stage kernels with the same bf16 weights. Those round the products' inputs to bf16
+// where the kernel keeps them in float32, so the two differ by that rounding, well inside the
+// bf16 bound (a row misplaced or a chunk read twice would not be).
+TEST(CudaSequenceStepTest, ABFloat16WideModelMatchesThePerStageKernels) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
+  c.hidden_size = 1024;
+  c.num_attention_heads = 16;
+  c.intermediate_size = 5000;
+  c.num_hidden_layers = 2;
+  auto model = testing::RandomModel(c, 23);
+  auto per_stage = CreateCudaEngine(
+      model, {.precision = WeightPrecision::kBFloat16, .max_sequences = 4});
+  auto one_kernel = CreateCudaEngine(
+      model, {.precision = WeightPrecision::kBFloat16,
+              .max_sequences = 4,
+              .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kRequired});
+  ASSERT_TRUE(per_stage.ok()) << per_stage.status();
+  ASSERT_TRUE(one_kernel.ok()) << one_kernel.status();
+  Bf16Agreement agreement;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      **per_stage, **one_kernel, c.vocab_size, {9}, /*steps=*/70, LogitsFor::kNone, 23,
+      [&](const std::vector<float>& per_stage_logits, const std::vector<float>& kernel_logits) {
+        agreement.Add(kernel_logits, per_stage_logits);
+      }));
+  std::printf("[sequence-step] bf16 wide against the per-stage kernels: relative error %.3g, "
+              "argmax %lld/%lld\n",
+              agreement.relative(), static_cast<long long>(agreement.agree),
+              static_cast<long long>(agreement.positions));
+  EXPECT_LE(agreement.relative(), 1e-2);
+  EXPECT_GE(agreement.agree, agreement.positions - 1);  // One near-tie at most.
+}
+
 // A model the single-sequence kernel does not cover (TTT-MLP) decodes at batch 1 through the
 // per-stage kernels, or, when the kernel is required, is refused at creation with a clear error.
 TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
