@@ -11,10 +11,9 @@
 //   mbarriers). It waits for nothing but free slots, so the stream runs on through the stages
 //   between products and into the next layer;
 // - the consumer warps do the stages. Each block makes a product's input row itself (a norm over a
-//   few KB, cheaper than one more barrier), multiplies it into its slots' rows, a warp up to
-//   eight bf16 rows at a time on the tensor cores (two float32 rows on the CUDA cores), and
-//   writes their outputs; the TTT step runs a warp a head (DecodeLinearToken) on the first
-//   blocks.
+//   few KB, cheaper than one more barrier), multiplies it into its slots' rows, a warp two rows
+//   at a time, and writes their outputs; the TTT step runs a warp a head (DecodeLinearToken) on
+//   the first blocks.
 // The stages meet at grid barriers; the launch is cooperative, so every block is resident.
 //
 // What crosses blocks (h, the projection, the TTT output, the feed-forward's activation) is
@@ -27,7 +26,6 @@
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
-#include <type_traits>
 
 #include "kernels/cuda/ttt_decode.cuh"
 
@@ -38,13 +36,8 @@ constexpr int kConsumerWarps = 7;
 constexpr int kConsumerThreads = kConsumerWarps * kWarp;
 constexpr int kThreads = kWarp + kConsumerThreads;  // Warp 0 is the producer.
 constexpr int kConsumerBarrier = 1;                 // Named barrier 0 is __syncthreads'.
-// A slot holds whole rows, each followed by a pad that moves the next row's start by half of
-// the shared memory's banks: the tensor-core products load sixteen bytes of eight rows at the
-// same offset, two rows a phase, and rows a multiple of 128 bytes apart would share banks. Eight
-// rows of 2,048 bf16 (the 1b model's width) fill a slot; of the 1b model's down_proj (5,504),
-// three.
-constexpr int kRowPad = 64;
-constexpr int kSlotBytes = 8 * (2048 * 2 + kRowPad);
+// A slot holds whole rows: eight of 2,048 bf16, two of the 1b model's down_proj (5,504).
+constexpr int kSlotBytes = 32 * 1024;
 constexpr int kMinSlots = 2, kMaxSlots = 6;
 constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
 // A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
@@ -55,11 +48,10 @@ static_assert(2 * kMaxSlots * sizeof(uint64_t) <= kBarrierBytes);
 enum Product { kInProj, kOProj, kGateUp, kDown, kProducts };
 
 // The rows of a product one block holds, [first, first + rows), and how they come through the
-// ring: rows_per_chunk at a time (even for gate_up, whose gate and up rows come in pairs), a row
-// every `stride` bytes of a slot.
+// ring: rows_per_chunk at a time (even for gate_up, whose gate and up rows come in pairs).
 struct Share {
   const char* w;  // The block's first row.
-  int in, first, rows, rows_per_chunk, row_bytes, stride;
+  int in, first, rows, rows_per_chunk, row_bytes;
   bool pairs;
   __device__ int chunks() const { return (rows + rows_per_chunk - 1) / rows_per_chunk; }
 };
@@ -79,8 +71,7 @@ __device__ Share ShareOf(const SequenceStepArgs& a, const SequenceStepLayer& lay
   s.first = min(out, static_cast<int>(blockIdx.x) * per_block);
   s.rows = min(out, s.first + per_block) - s.first;
   s.row_bytes = in * static_cast<int>(sizeof(T));
-  s.stride = s.row_bytes + kRowPad;
-  s.rows_per_chunk = kSlotBytes / s.stride;
+  s.rows_per_chunk = kSlotBytes / s.row_bytes;
   if (s.pairs) s.rows_per_chunk -= s.rows_per_chunk % 2;
   s.w = static_cast<const char*>(w) + static_cast<int64_t>(s.first) * s.row_bytes;
   return s;
@@ -106,20 +97,16 @@ __device__ void StreamWeights(const SequenceStepArgs& a, char* ring, int slots, 
       for (int row = 0; row < s.rows; row += s.rows_per_chunk, ++chunk) {
         const int slot = chunk % slots, round = chunk / slots;
         if (round > 0) WaitFor(&empty[slot], (round - 1) & 1);
-        const int rows = min(s.rows_per_chunk, s.rows - row);
+        const uint32_t bytes = min(s.rows_per_chunk, s.rows - row) * s.row_bytes;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                               ::cuda::ptx::space_shared, &full[slot],
-                                               rows * s.row_bytes);
-        // A copy a row, each to its padded place in the slot.
-        for (int r = 0; r < rows; ++r) {
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-              " [%0], [%1], %2, [%3], %4;" ::"r"(static_cast<uint32_t>(
-                  __cvta_generic_to_shared(ring + slot * kSlotBytes + r * s.stride))),
-              "l"(s.w + static_cast<int64_t>(row + r) * s.row_bytes), "r"(s.row_bytes),
-              "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]))), "l"(evict_first)
-              : "memory");
-        }
+                                               ::cuda::ptx::space_shared, &full[slot], bytes);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1], %2, [%3], %4;" ::"r"(
+                static_cast<uint32_t>(__cvta_generic_to_shared(ring + slot * kSlotBytes))),
+            "l"(s.w + static_cast<int64_t>(row) * s.row_bytes), "r"(bytes),
+            "r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]))), "l"(evict_first)
+            : "memory");
       }
     }
   }
@@ -155,160 +142,23 @@ __device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
   ConsumersSync();
 }
 
-// A unit of float32 rows: two (or one, where a chunk's rows are odd) on the CUDA cores, a lane
-// every 32nd vector of both. `w` is the unit's first row in its slot, `first_row` its index in
-// the product.
-template <typename Out>
-__device__ void MultiplyUnit(const Share& s, const float* x, const char* w, int rows, int,
-                             int first_row, Out out) {
-  const int lane = threadIdx.x % kWarp;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  const float4* w0 = reinterpret_cast<const float4*>(w);
-  const float4* w1 = rows == 2 ? reinterpret_cast<const float4*>(w + s.stride) : w0;
-  // Two sums a row, even and odd elements, halve the chains of dependent fmas.
-  float sum0[2] = {}, sum1[2] = {};
-#pragma unroll 4
-  for (int v = lane; v < s.in / 4; v += kWarp) {
-    const float4 xq = x4[v], a = w0[v], b = w1[v];
-    sum0[0] = fmaf(xq.x, a.x, sum0[0]), sum1[0] = fmaf(xq.x, b.x, sum1[0]);
-    sum0[1] = fmaf(xq.y, a.y, sum0[1]), sum1[1] = fmaf(xq.y, b.y, sum1[1]);
-    sum0[0] = fmaf(xq.z, a.z, sum0[0]), sum1[0] = fmaf(xq.z, b.z, sum1[0]);
-    sum0[1] = fmaf(xq.w, a.w, sum0[1]), sum1[1] = fmaf(xq.w, b.w, sum1[1]);
-  }
-  const float row0 = WarpSum(sum0[0] + sum0[1]), row1 = WarpSum(sum1[0] + sum1[1]);
-  if (lane == 0) {
-    if (s.pairs) {
-      out(first_row, row0, row1);
-    } else {
-      out(first_row, row0, 0.0f);
-      if (rows == 2) out(first_row + 1, row1, 0.0f);
-    }
-  }
-}
-
-// d += a·b on the tensor cores: m16n8k16, bf16 in, float32 sums.
-__device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7},"
-      " {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-constexpr int kMmaColumns = 8;
-
-// A unit of bf16 rows, up to eight, on the tensor cores. The rows are B's eight columns (lane
-// g·4 + t loads column g), the input row is A. A lane loads 16 bytes of its column a block of 32
-// elements, the k of two mmas, and the same 16 bytes of the input: k is ordered alike in A and
-// B, however the fragments order it within a block, so the loads need no shuffle. A's rows
-// m + 8 hold the input's low halves (x = hi + lo), so the sums are nearly float32's. Where a
-// unit has fewer than eight rows (wide ones, as the 1b model's down_proj), each row's blocks are
-// dealt to kPieces = 8 / unit_rows columns in turn, and A's row m holds the input's blocks of
-// piece m % kPieces: only D's entries where the two pieces agree are used. Dealt in turn, the
-// pieces' loads fall in adjacent banks.
-//
-// A warp's time here is its instructions' latency (a few warps an SM, each waiting ~10 cycles
-// an instruction), so the loop is kept to its loads and mmas: four blocks' loads at fixed
-// offsets, then their eight mmas, into four accumulators.
-template <int kPieces, typename Out>
-__device__ void MultiplyUnit(const Share& s, const __nv_bfloat16* x, const char* w, int rows,
-                             int first_row, Out out) {
-  constexpr int kStep = 32 * kPieces, kVectors = kStep / 8;  // An iteration's elements, vectors.
-  constexpr int kAhead = 4;                                  // Iterations a trip.
-  const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4, K = s.in;
-  const int begin = g % kPieces * 32 + 8 * t;  // The lane's first element.
-  // Columns past the unit's rows repeat its last (their sums are not used).
-  const uint4* wv =
-      reinterpret_cast<const uint4*>(w + min(g / kPieces, rows - 1) * s.stride) + begin / 8;
-  const uint4* hi = reinterpret_cast<const uint4*>(x + begin);
-  const uint4* lo = reinterpret_cast<const uint4*>(x + K + begin);
-  float d[4][4] = {};
-  const int whole = K / kStep;  // Iterations with every lane's block in the row.
-  int i = 0;
-  for (; i + kAhead <= whole; i += kAhead) {
-    uint4 a[kAhead], h[kAhead], l[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      const int v = (i + u) * kVectors;
-      a[u] = wv[v], h[u] = hi[v], l[u] = lo[v];
-    }
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      Mma(d[u % 2 * 2], h[u].x, l[u].x, h[u].y, l[u].y, a[u].x, a[u].y);
-      Mma(d[u % 2 * 2 + 1], h[u].z, l[u].z, h[u].w, l[u].w, a[u].z, a[u].w);
-    }
-  }
-  for (; i * kStep < K; ++i) {
-    uint4 a{}, h{}, l{};
-    if (begin + i * kStep < K) {
-      const int v = i * kVectors;
-      a = wv[v], h = hi[v], l = lo[v];
-    }
-    Mma(d[0], h.x, l.x, h.y, l.y, a.x, a.y);
-    Mma(d[1], h.z, l.z, h.w, l.w, a.z, a.w);
-  }
-  // This lane's columns 2t and 2t + 1: A's rows g (hi) and g + 8 (lo) together.
-  float column[2] = {};
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    column[0] += d[u][0] + d[u][2];
-    column[1] += d[u][1] + d[u][3];
-  }
-  // Lane r takes row r: the sum of its pieces' columns n = r·kPieces + p, from lane 4p + n/2.
-  float sum = 0;
-#pragma unroll
-  for (int p = 0; p < kPieces; ++p) {
-    const int n = lane * kPieces + p, from = 4 * p + n / 2;
-    const float even = __shfl_sync(0xffffffffu, column[0], from);
-    const float odd = __shfl_sync(0xffffffffu, column[1], from);
-    sum += n % 2 == 0 ? even : odd;
-  }
-  const float next = __shfl_down_sync(0xffffffffu, sum, 1);
-  if (lane < rows) {
-    if (!s.pairs) {
-      out(first_row + lane, sum, 0.0f);
-    } else if (lane % 2 == 0) {
-      out(first_row + lane, sum, next);
-    }
-  }
-}
-
-template <typename Out>
-__device__ void MultiplyUnit(const Share& s, const __nv_bfloat16* x, const char* w, int rows,
-                             int unit_rows, int first_row, Out out) {
-  switch (kMmaColumns / unit_rows) {
-    case 1:
-      return MultiplyUnit<1>(s, x, w, rows, first_row, out);
-    case 2:
-      return MultiplyUnit<2>(s, x, w, rows, first_row, out);
-    case 4:
-      return MultiplyUnit<4>(s, x, w, rows, first_row, out);
-    default:
-      return MultiplyUnit<8>(s, x, w, rows, first_row, out);
-  }
-}
-
-// The rows a warp takes at a time: two float32 rows, or up to eight bf16 rows (the mma's width).
-template <typename T>
-__device__ int UnitRows(const Share& s) {
-  if constexpr (std::is_same_v<T, float>) return s.rows_per_chunk % 2 == 0 ? 2 : 1;
-  return min(s.rows_per_chunk, kMmaColumns);
-}
-
 // The consumers' part of a product, chunk j of the block's share being the ring's chunk
-// `first_chunk` + j, its input row x (StoreQuad's layout). A chunk's rows go to warps in units
-// (UnitRows), the share's units dealt round-robin, so a warp multiplies whole rows and sums them
-// within itself: no warp waits for another, and a warp may run ahead to the next chunks while
-// others finish one. A chunk's empty barrier counts kConsumerWarps arrivals: one from each warp
-// with units there, and the first of them also arrives for the warps without. Every warp still
-// waits for each chunk's fill in turn, as the barriers' parity requires. `out(row, sum,
-// next_row_sum)` gets a unit's sums: once a pair (gate_up), else once a row.
+// `first_chunk` + j, its input x in floats (laid out by XQuad). Rows go to warps in units of two
+// (one where a chunk's rows are odd), the share's units dealt round-robin, so a warp multiplies
+// whole rows and sums them within itself: no warp waits for another, and a warp may run ahead to
+// the next chunks while others finish one. A chunk's empty barrier counts kConsumerWarps arrivals:
+// one from each warp with units there, and the first of them also arrives for the warps without.
+// Every warp still waits for each chunk's fill in turn, as the barriers' parity requires. `out(row,
+// sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
 template <typename T, typename Out>
-__device__ void Multiply(const Share& s, const T* x, char* ring, int slots, uint64_t* full,
+__device__ void Multiply(const Share& s, const float* x, char* ring, int slots, uint64_t* full,
                          uint64_t* empty, int first_chunk, Out out) {
+  constexpr int E = kElements<T>;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp - 1;
-  const int unit_rows = UnitRows<T>(s);
-  const int chunk_units = (s.rows_per_chunk + unit_rows - 1) / unit_rows;
+  const int vectors = s.in / E;
+  const int unit_rows = s.rows_per_chunk % 2 == 0 ? 2 : 1;
+  const int chunk_units = s.rows_per_chunk / unit_rows;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
   int unit = warp;  // This warp's next unit, counted over the share.
   for (int j = 0; j < s.chunks(); ++j) {
     const int chunk = first_chunk + j, slot = chunk % slots;
@@ -318,9 +168,39 @@ __device__ void Multiply(const Share& s, const T* x, char* ring, int slots, uint
     if (unit >= first_unit + units) continue;
     const uint32_t arrivals = unit == first_unit ? 1 + max(0, kConsumerWarps - units) : 1;
     for (; unit < first_unit + units; unit += kConsumerWarps) {
-      const int r = (unit - first_unit) * unit_rows;  // The unit's first row in the chunk.
-      MultiplyUnit(s, x, ring + slot * kSlotBytes + r * s.stride, min(unit_rows, rows - r),
-                   unit_rows, s.first + j * s.rows_per_chunk + r, out);
+      const int r = unit * unit_rows - j * s.rows_per_chunk;  // The unit's row in the chunk.
+      const bool two = unit_rows == 2 && r + 1 < rows;
+      const uint4* w0 = reinterpret_cast<const uint4*>(ring + slot * kSlotBytes) + r * vectors;
+      const uint4* w1 = two ? w0 + vectors : w0;
+      // Two sums a row, even and odd elements, halve the chains of dependent fmas.
+      float sum0[2] = {}, sum1[2] = {};
+#pragma unroll 4
+      for (int v = lane; v < vectors; v += kWarp) {
+        float xf[E], wf0[E], wf1[E];
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 x_quad = x4[q * vectors + v];
+          xf[4 * q] = x_quad.x, xf[4 * q + 1] = x_quad.y;
+          xf[4 * q + 2] = x_quad.z, xf[4 * q + 3] = x_quad.w;
+        }
+        Unpack(w0[v], wf0, static_cast<const T*>(nullptr));
+        Unpack(w1[v], wf1, static_cast<const T*>(nullptr));
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          sum0[e % 2] = fmaf(xf[e], wf0[e], sum0[e % 2]);
+          sum1[e % 2] = fmaf(xf[e], wf1[e], sum1[e % 2]);
+        }
+      }
+      const float row0 = WarpSum(sum0[0] + sum0[1]), row1 = WarpSum(sum1[0] + sum1[1]);
+      if (lane == 0) {
+        const int row = s.first + j * s.rows_per_chunk + r;
+        if (s.pairs) {
+          out(row, row0, row1);
+        } else {
+          out(row, row0, 0.0f);
+          if (two) out(row + 1, row1, 0.0f);
+        }
+      }
     }
     __syncwarp();
     if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[slot], arrivals);
@@ -356,22 +236,19 @@ __device__ __forceinline__ float4 PreConvQuad(const float* history, int D, int c
   return make_float4(out[0], out[1], out[2], out[3]);
 }
 
-// Channels c .. c + 3 of a product's input row of `width` channels. For float32 weights the row
-// is in floats; for bf16 ones, in bf16 (hi), then what that rounding dropped (lo = x − hi, in
-// bf16 too), `width` channels each: the tensor cores take bf16, and hi + lo is within 2⁻¹⁶ of x.
+// A product's input row holds, for each 16-byte vector v of a weight row, its E floats as E/4
+// float4s kept `vectors` apart (all first quads, then all second ones), so that a warp's loads of
+// either are contiguous rather than 32 bytes apart (a two-way bank conflict).
+template <typename T>
+__device__ __forceinline__ int XQuad(int c, int width) {
+  constexpr int E = kElements<T>;
+  return c % E / 4 * (width / E) + c / E;
+}
+
+// Channels c .. c + 3 of a product's input row of `width` channels.
 template <typename T>
 __device__ __forceinline__ void StoreQuad(float* x, int width, int c, float4 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    reinterpret_cast<float4*>(x)[c / 4] = v;
-  } else {
-    const __nv_bfloat162 hi[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-    const float2 h0 = __bfloat1622float2(hi[0]), h1 = __bfloat1622float2(hi[1]);
-    const __nv_bfloat162 lo[2] = {__floats2bfloat162_rn(v.x - h0.x, v.y - h0.y),
-                                  __floats2bfloat162_rn(v.z - h1.x, v.w - h1.y)};
-    auto* row = reinterpret_cast<__nv_bfloat16*>(x);
-    *reinterpret_cast<uint2*>(row + c) = *reinterpret_cast<const uint2*>(hi);
-    *reinterpret_cast<uint2*>(row + width + c) = *reinterpret_cast<const uint2*>(lo);
-  }
+  reinterpret_cast<float4*>(x)[XQuad<T>(c, width)] = v;
 }
 
 // Asks L2 for what a layer's stages read besides the weight stream and the activations: its
@@ -426,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);
   uint64_t* empty = full + kMaxSlots;
   char* ring = shared + kBarrierBytes;
-  // A product's input row (StoreQuad's layout): four bytes a channel.
+  // A product's input row, in floats: the products' loops then unpack only the weights.
   float* x = reinterpret_cast<float*>(ring + slots * kSlotBytes);
   float* resid = reinterpret_cast<float*>(x + max(a.D, a.I));  // This block's copy of h.
   float* normed = resid + a.D;  // The pre-conv's normed row, for the history.
@@ -453,7 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   unsigned expected = 0;
   int chunk = 0;
   auto multiply = [&](const Share& s, auto out) {
-    Multiply(s, reinterpret_cast<const T*>(x), ring, slots, full, empty, chunk, out);
+    Multiply<T>(s, x, ring, slots, full, empty, chunk, out);
     chunk += s.chunks();
   };
   PrefetchLayer(a, a.layers[0], sequence_state + a.layers[0].state_offset, t, kConsumerThreads);
@@ -609,8 +486,8 @@ size_t ElementBytes(ElementType type) {
   return type == ElementType::kBFloat16 ? sizeof(__nv_bfloat16) : sizeof(float);
 }
 
-// Shared memory besides the slots: barriers, the input row (4 bytes a channel), h and the normed
-// row, a head's W1.
+// Shared memory besides the slots: barriers, the input row (floats), h and the normed row, a
+// head's W1.
 size_t FixedSharedBytes(const SequenceStepArgs& a, int f) {
   return kBarrierBytes + sizeof(float) * std::max(a.D, a.I) + 2 * sizeof(float) * a.D +
          DecodeSharedBytes(f);
@@ -685,9 +562,7 @@ bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer
     return false;
   }
   const int vector = 16 / static_cast<int>(ElementBytes(type));
-  // What a slot must hold at the least: a row of down_proj, a pair of gate_up's.
-  const size_t chunk_bytes =
-      std::max(2 * (ElementBytes(type) * a.D + kRowPad), ElementBytes(type) * a.I + kRowPad);
+  const size_t row_bytes = ElementBytes(type) * std::max(2 * a.D, a.I);  // gate_up's in pairs.
   const StateAddress state{a.states, a.slot_floats, layer.state_offset};
   const bool weights_aligned = Aligned16(layer.in_proj) && Aligned16(layer.o_proj) &&
                                Aligned16(layer.gate_up) && Aligned16(layer.down);
@@ -699,7 +574,7 @@ bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer
        (Aligned16(layer.conv_norm) && Aligned16(layer.conv_w) && Aligned16(layer.conv_b) &&
         a.conv_history_offset % 4 == 0 && a.slot_floats % 4 == 0 && layer.state_offset % 4 == 0));
   const bool fits = d.cooperative != 0 && a.D % vector == 0 && a.I % vector == 0 &&
-                    a.D <= 4 * kQuads * kConsumerThreads && chunk_bytes <= kSlotBytes &&
+                    a.D <= 4 * kQuads * kConsumerThreads && row_bytes <= kSlotBytes &&
                     weights_aligned && rows_aligned &&
                     TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
                     layer.ttt.f == a.f && layer.ttt_inputs.conv.ck <= kMaxTaps &&
