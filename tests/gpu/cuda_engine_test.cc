@@ -355,16 +355,22 @@ TEST(CudaSequenceStepTest, BFloat16CloseToTheCpuEngine) {
   EXPECT_GE(double(pooled.agree) / pooled.positions, 0.98);
 }
 
+// Two layers 1,024 wide, with every backbone flag.
+ModelConfig WideSequenceStepModel(int intermediate_size) {
+  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
+  c.hidden_size = 1024;
+  c.num_attention_heads = 16;
+  c.intermediate_size = intermediate_size;
+  c.num_hidden_layers = 2;
+  return c;
+}
+
 // A model wide enough that the kernel's ring of shared-memory slots is refilled within a product
 // (gate_up: 64 rows of 4 KB a block, eight a slot: eight chunks through five slots).
 TEST(CudaSequenceStepTest, AWideModelMatchesTheCpuEngine) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
-  c.hidden_size = 1024;
-  c.num_attention_heads = 16;
-  c.intermediate_size = 4096;
-  c.num_hidden_layers = 2;
-  const SequenceStepRun run = RunSequenceStep(c, WeightPrecision::kFloat32, 17);
+  const SequenceStepRun run =
+      RunSequenceStep(WideSequenceStepModel(4096), WeightPrecision::kFloat32, 17);
   std::printf("[sequence-step] f32 wide: max|Δ| %.3g\n", run.worst);
   EXPECT_LE(run.worst, 1e-3f);
 }
@@ -375,11 +381,7 @@ TEST(CudaSequenceStepTest, AWideModelMatchesTheCpuEngine) {
 // bf16 bound (a row misplaced or a chunk read twice would not be).
 TEST(CudaSequenceStepTest, ABFloat16WideModelMatchesThePerStageKernels) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
-  c.hidden_size = 1024;
-  c.num_attention_heads = 16;
-  c.intermediate_size = 5000;
-  c.num_hidden_layers = 2;
+  const ModelConfig c = WideSequenceStepModel(5000);
   auto model = testing::RandomModel(c, 23);
   auto per_stage = CreateCudaEngine(
       model, {.precision = WeightPrecision::kBFloat16, .max_sequences = 4});
