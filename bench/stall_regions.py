@@ -67,6 +67,14 @@ def grid_barriers(code):
             yield max(0, first - 1), min(len(code) - 1, sync + AFTER_SYNC)
 
 
+def find(code, address):
+    """The index of the instruction whose address ends in these hex digits."""
+    for i, c in enumerate(code):
+        if f"{c['address']:x}".endswith(address.lower()):
+            return i
+    raise SystemExit(f"no instruction at an address ending in {address}")
+
+
 def total(code, first, last):
     return sum(c["samples"] for c in code[first:last + 1])
 
@@ -107,8 +115,7 @@ def main():
     n = sum(total(code, first, last) for first, last in barriers)
     print(f"  all {len(barriers)}: {n} samples, {100 * n / all_samples:.1f}%")
     for first, last in args.range:
-        suffix = lambda s: [i for i, c in enumerate(code) if f"{c['address']:x}".endswith(s)]
-        show("range", suffix(first.lower())[0], suffix(last.lower())[0])
+        show("range", find(code, first), find(code, last))
 
 
 if __name__ == "__main__":
