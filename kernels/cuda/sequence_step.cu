@@ -27,6 +27,7 @@
 #include <cuda/atomic>
 #include <cuda/ptx>
 
+#include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/ttt_decode.cuh"
 
 namespace ttt::kernels::cuda {
@@ -127,19 +128,9 @@ __device__ float ConsumersSum(float v, float* scratch) {
   return WarpSum(lane < kConsumerWarps ? scratch[lane] : 0.0f);
 }
 
-// Every block's consumers arrive; returns once all have. `arrivals` counts arrivals over the
-// launch (each barrier adds gridDim.x), `expected` this block's count of them so far.
-__device__ void GridBarrier(unsigned* arrivals, unsigned& expected) {
-  ConsumersSync();
-  expected += gridDim.x;
-  if (threadIdx.x == kWarp) {
-    // The release is cumulative: it publishes the writes the sync above ordered before it.
-    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*arrivals);
-    count.fetch_add(1, ::cuda::memory_order_release);
-    while (count.load(::cuda::memory_order_acquire) < expected) {
-    }
-  }
-  ConsumersSync();
+// The grid barrier of the consumer warps (the producer never waits at one).
+__device__ __forceinline__ void ConsumersGridBarrier(unsigned* arrivals, unsigned& expected) {
+  GridBarrier(arrivals, expected, threadIdx.x == kWarp, [] { ConsumersSync(); });
 }
 
 // The consumers' part of a product, chunk j of the block's share being the ring's chunk
@@ -375,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     });
     ConsumersSync();
     multiply(in_proj, [&](int row, float sum, float) { a.proj[row] = sum; });
-    GridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(a.barrier, expected);
 
     // The TTT step, a head a block. Meanwhile the other warps ask L2 for the next layer's
     // parameters and state, and the last block shifts the pre-conv's history (every block has
@@ -405,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
                       kConsumerThreads - kWarp);
       }
     }
-    GridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(a.barrier, expected);
 
     // o_proj of LayerNorm(TTT output) · gelu(gate), added into h.
     const Share o_proj = ShareOf<T>(a, layer, kOProj);
@@ -435,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     });
     ConsumersSync();
     multiply(o_proj, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    GridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(a.barrier, expected);
 
     // The feed-forward: SwiGLU of gate_up(RMSNorm(h)), then down, added into h.
     const Share gate_up = ShareOf<T>(a, layer, kGateUp);
@@ -453,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     multiply(gate_up, [&](int row, float gate_sum, float up_sum) {
       StoreAs(static_cast<T*>(a.act), row / 2, Swish(gate_sum, up_sum));
     });
-    GridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(a.barrier, expected);
     const Share down = ShareOf<T>(a, layer, kDown);
     const uint4* act = static_cast<const uint4*>(a.act);
     for (int i = t; i < I / kElements<T>; i += kConsumerThreads) {
@@ -467,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     }
     ConsumersSync();
     multiply(down, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    if (l + 1 < a.num_layers) GridBarrier(a.barrier, expected);
+    if (l + 1 < a.num_layers) ConsumersGridBarrier(a.barrier, expected);
   }
 
   // The last block out leaves the counters at zero for the next step. Every block counted has
