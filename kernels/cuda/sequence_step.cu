@@ -8,8 +8,8 @@
 // every layer:
 // - a producer warp streams the block's share of each product's weight rows, in the order the
 //   products use them, into a ring of shared-memory slots (cp.async.bulk, completing on
-//   mbarriers). It waits for nothing but free slots, so the stream runs on through the stages
-//   between products and into the next layer;
+//   mbarriers), one copy in flight at a time. It waits for nothing but free slots and its last
+//   copy, so the stream runs on through the stages between products and into the next layer;
 // - the consumer warps do the stages. Each block makes a product's input row itself (a norm over a
 //   few KB, cheaper than one more barrier), multiplies it into its slots' rows, a warp two rows
 //   at a time, and writes their outputs; the TTT step runs a warp a head (DecodeLinearToken) on
@@ -20,8 +20,8 @@
 // written before a barrier and read after it; the sequence's state is read and written by one
 // block each (a head's by its warp, the pre-conv's history by the last block).
 //
-// It is exact, but only a little faster than the kernels per stage at 1b and slower at 125m
-// (bench/README.md, v17: 1.25 against 1.29 ms a token; 0.32 against 0.28), so the engine uses it
+// It is exact. Against the kernels per stage it is 8% faster at 1b and 14% slower at 125m
+// (bench/README.md, v19: 1.18 against 1.29 ms a token; 0.32 against 0.28), so the engine uses it
 // only when asked to.
 #include <algorithm>
 #include <cuda/atomic>
@@ -40,6 +40,12 @@ constexpr int kConsumerBarrier = 1;                 // Named barrier 0 is __sync
 // A slot holds whole rows: eight of 2,048 bf16, two of the 1b model's down_proj (5,504).
 constexpr int kSlotBytes = 32 * 1024;
 constexpr int kMinSlots = 2, kMaxSlots = 6;
+// Copies the producer has in flight at once. With one chunk an SM in flight the memory already
+// streams at ~4.2 TB/s; more add little bandwidth, but every load of the stages and the grid
+// barriers queues behind them (bench/README.md, v19: ttt-grid-sync's barrier takes 2.4 µs beside
+// one chunk in flight an SM, 5.6 beside two, 14 beside four; a 1b step 1.18 ms with one, 1.23
+// with two, 1.25 unbounded).
+constexpr int kCopiesInFlight = 1;
 constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
 // A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
 constexpr int kQuads = 4;
@@ -98,6 +104,10 @@ __device__ void StreamWeights(const SequenceStepArgs& a, char* ring, int slots, 
       for (int row = 0; row < s.rows; row += s.rows_per_chunk, ++chunk) {
         const int slot = chunk % slots, round = chunk / slots;
         if (round > 0) WaitFor(&empty[slot], (round - 1) & 1);
+        if (chunk >= kCopiesInFlight) {
+          const int landed = chunk - kCopiesInFlight;
+          WaitFor(&full[landed % slots], (landed / slots) & 1);
+        }
         const uint32_t bytes = min(s.rows_per_chunk, s.rows - row) * s.row_bytes;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
                                                ::cuda::ptx::space_shared, &full[slot], bytes);

@@ -30,8 +30,8 @@ struct CudaEngineOptions {
   // Decode steps of a single sequence can run every layer in one persistent kernel
   // (cu::SequenceStep, TTT-Linear models): never (a kernel per stage, as larger batches run),
   // where the model fits it, or always, creation failing for a model it does not cover. Off by
-  // default: against the kernels per stage it is only 2-3% faster at 1b, with a higher p99, and
-  // slower at 125m (bench/README.md, v17).
+  // default: against the kernels per stage it is 8% faster at 1b (p99 too) but 14% slower at
+  // 125m (bench/README.md, v19), and the engine does not yet choose between them by model.
   enum class SingleSequenceKernel { kOff, kWhereItFits, kRequired };
   SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kOff;
 };
