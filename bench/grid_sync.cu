@@ -4,9 +4,9 @@
 //   barrier    GridBarrier (kernels/cuda/grid_sync.cuh), the kernel's barrier: the block's
 //              threads sync, one adds to a counter with release order and polls it with acquire
 //              loads, and the threads sync again.
-//   tagged     every block publishes a value tagged with the round (one 8-byte store) and each
-//              block's threads wait for all blocks' words of that round, then sync: what stages
-//              would do if each value that crosses blocks carried its round.
+//   tagged     every block publishes a value tagged with the round (one 8-byte store, below),
+//              and each block's threads wait for all blocks' words of that round, then sync: what
+//              stages would do if each value that crosses blocks carried its round.
 // Each runs with warp 0 idle, and with warp 0 streaming 32 KB chunks of a large buffer into shared
 // memory the whole time (cp.async.bulk, 1 to 4 chunks in flight), as the step kernel's producer
 // streams the weights: the waits' loads then queue behind the stream.
@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda/ptx>
@@ -33,6 +34,24 @@ constexpr int kSlots = 4, kSlotBytes = 32 * 1024;  // The ring: up to kSlots chu
 constexpr size_t kStreamBytesPerBlock = 16 << 20;  // Read over and over while the rounds run.
 
 enum class Mode { kBarrier, kTagged };
+
+// A float and the round that wrote it, stored and loaded as one 8-byte word, so a reader that
+// sees the round sees the value: the writer needs no fence and the reader no barrier. A buffer of
+// them is written once a round; round r + 2 may reuse round r's words only once every reader has
+// read them.
+__device__ __forceinline__ void PublishTagged(uint64_t* word, float value, unsigned round) {
+  const uint64_t tagged = static_cast<uint64_t>(round) << 32 | __float_as_uint(value);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(word), "l"(tagged) : "memory");
+}
+
+// Waits for `word` to hold round `round`'s value, and returns it.
+__device__ __forceinline__ float AwaitTagged(const uint64_t* word, unsigned round) {
+  uint64_t tagged;
+  do {
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(tagged) : "l"(word) : "memory");
+  } while (static_cast<unsigned>(tagged >> 32) != round);
+  return __uint_as_float(static_cast<unsigned>(tagged));
+}
 
 __device__ __forceinline__ void MeetingSync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kMeetingThreads) : "memory");
@@ -89,9 +108,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       cu::GridBarrier(arrivals, expected, t == 0, [] { MeetingSync(); });
     } else {
       uint64_t* buffer = words + (round % 2) * gridDim.x;
-      if (t == 0) cu::PublishTagged(buffer + blockIdx.x, static_cast<float>(blockIdx.x), round);
+      if (t == 0) PublishTagged(buffer + blockIdx.x, static_cast<float>(blockIdx.x), round);
       for (int b = t; b < gridDim.x; b += kMeetingThreads) {
-        sum += cu::AwaitTagged(buffer + b, round);
+        sum += AwaitTagged(buffer + b, round);
       }
       MeetingSync();
     }

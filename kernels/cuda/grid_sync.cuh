@@ -1,8 +1,7 @@
 // How the blocks of a persistent kernel (a cooperative launch: every block resident) wait for
-// each other: a grid barrier, or values tagged with the round that wrote them.
+// each other.
 #pragma once
 
-#include <cstdint>
 #include <cuda/atomic>
 
 namespace ttt::kernels::cuda {
@@ -23,24 +22,6 @@ __device__ __forceinline__ void GridBarrier(unsigned* arrivals, unsigned& expect
     }
   }
   block_sync();
-}
-
-// A float and the round that wrote it, stored and loaded as one 8-byte word, so a reader that
-// sees the round sees the value: the writer needs no fence and the reader no barrier. A buffer of
-// them is written once a round; round r + 2 may reuse round r's words only once every reader has
-// read them.
-__device__ __forceinline__ void PublishTagged(uint64_t* word, float value, unsigned round) {
-  const uint64_t tagged = static_cast<uint64_t>(round) << 32 | __float_as_uint(value);
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(word), "l"(tagged) : "memory");
-}
-
-// Waits for `word` to hold round `round`'s value, and returns it.
-__device__ __forceinline__ float AwaitTagged(const uint64_t* word, unsigned round) {
-  uint64_t tagged;
-  do {
-    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(tagged) : "l"(word) : "memory");
-  } while (static_cast<unsigned>(tagged >> 32) != round);
-  return __uint_as_float(static_cast<unsigned>(tagged));
 }
 
 }  // namespace ttt::kernels::cuda
