@@ -51,8 +51,9 @@ ABSL_FLAG(std::string, timeline, "",
           "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py. "
           "Kernels are traced all along, the timed steps too.");
 ABSL_FLAG(int32_t, timeline_steps, 4, "Decode steps recorded by --timeline.");
-ABSL_FLAG(bool, single_sequence_kernel, false,
-          "CUDA: decode batch 1 with every layer in one kernel where the model fits it.");
+ABSL_FLAG(std::string, single_sequence_kernel, "auto",
+          "CUDA: decode batch 1 with every layer in one kernel: auto (whichever the engine times "
+          "faster at start), on (wherever the model fits it) or off.");
 
 namespace ttt {
 namespace {
@@ -120,10 +121,11 @@ absl::Status Run() {
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
-  const EngineOptions engine_options{
-      .backend = absl::GetFlag(FLAGS_backend),
-      .precision = precision,
-      .single_sequence_kernel = absl::GetFlag(FLAGS_single_sequence_kernel)};
+  TTT_ASSIGN_OR_RETURN(const CudaEngineOptions::SingleSequenceKernel single_sequence_kernel,
+                       ParseSingleSequenceKernel(absl::GetFlag(FLAGS_single_sequence_kernel)));
+  const EngineOptions engine_options{.backend = absl::GetFlag(FLAGS_backend),
+                                     .precision = precision,
+                                     .single_sequence_kernel = single_sequence_kernel};
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
@@ -223,6 +225,9 @@ absl::Status Run() {
         {"weight_bytes", engine.weight_bytes()},
     };
     if (offset > 0) result["prefill_tokens_per_s"] = double(batch) * offset / prefill_seconds;
+    if (batch == 1 && !engine.single_sequence_decode().empty()) {
+      result["single_sequence_decode"] = engine.single_sequence_decode();
+    }
     if (bandwidth > 0) {
       result["copy_bandwidth_gb_per_s"] = bandwidth / 1e9;
       result["memory_floor_ms"] = 1e3 * floor_bytes / bandwidth;

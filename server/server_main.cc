@@ -40,6 +40,9 @@ ABSL_FLAG(int64_t, max_sequences, 0,
 ABSL_FLAG(double, state_pool_fraction, 0.5, "CUDA: share of free GPU memory for sequence states.");
 ABSL_FLAG(int64_t, max_waiting, 1024, "Waiting requests beyond this get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, prefill_tokens_per_step, 2048, "Prompt tokens processed per engine step.");
+ABSL_FLAG(std::string, single_sequence_kernel, "auto",
+          "CUDA: decode a lone sequence with every layer in one kernel: auto (whichever is faster "
+          "for the model, timed at start), on (wherever the model fits it) or off.");
 ABSL_FLAG(int64_t, max_host_session_bytes, int64_t{8} << 30,
           "Host memory for sessions evicted from the engine.");
 ABSL_FLAG(int64_t, max_context_tokens, 0, "Tokens per sequence at most; 0: no limit.");
@@ -68,6 +71,8 @@ absl::Status Run() {
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
 
   // Serve health (NOT_SERVING) and UNAVAILABLE answers while the model loads.
+  TTT_ASSIGN_OR_RETURN(const CudaEngineOptions::SingleSequenceKernel single_sequence_kernel,
+                       ParseSingleSequenceKernel(absl::GetFlag(FLAGS_single_sequence_kernel)));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   TttService service;
@@ -95,8 +100,8 @@ absl::Status Run() {
                            .precision = precision,
                            .max_sequences = max_sequences,
                            .state_pool_fraction = absl::GetFlag(FLAGS_state_pool_fraction),
-                           .prefill_tokens_per_step =
-                               absl::GetFlag(FLAGS_prefill_tokens_per_step)}));
+                           .prefill_tokens_per_step = absl::GetFlag(FLAGS_prefill_tokens_per_step),
+                           .single_sequence_kernel = single_sequence_kernel}));
   if (engine->max_sequences() == 0) {
     // The CPU engine is bounded by memory alone; a server still needs a bound for admission.
     constexpr int64_t kCpuDefaultSequences = 1024;
@@ -125,6 +130,9 @@ absl::Status Run() {
                    scheduler.engine().state_bytes(), " bytes)",
                    exposer ? absl::StrCat("; metrics on port ", absl::GetFlag(FLAGS_metrics_port))
                            : ""));
+  if (const std::string path = scheduler.engine().single_sequence_decode(); !path.empty()) {
+    Log(absl::StrCat("a lone sequence decodes through ", path));
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

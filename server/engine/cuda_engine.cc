@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cuda_ops.h"
 #include "server/engine/cuda_gemm.h"
@@ -121,6 +122,7 @@ class CudaEngine : public Engine {
   std::optional<absl::Duration> CollectedStepDeviceTime() const override {
     return collected_device_time_;
   }
+  std::string single_sequence_decode() const override { return single_sequence_decode_; }
 
  private:
   cu::ElementType gemm_type() const {
@@ -207,6 +209,11 @@ class CudaEngine : public Engine {
   // name the scratch buffers as they are now.
   absl::Status PrepareSequenceStep();
   cu::SequenceStepArgs SequenceStepArgs() const;
+  // Sets how a decode step of a single sequence runs: as the options say, or, where they leave
+  // it to the engine and the model fits cu::SequenceStep, by timing both paths.
+  absl::Status ChooseSingleSequencePath();
+  // The median device time of a decode step of `slot` alone, through the path now set.
+  absl::StatusOr<absl::Duration> TimeSingleSequenceStep(SequenceSlot slot);
 
   std::shared_ptr<const Model> model_;
   CudaEngineOptions options_;
@@ -250,6 +257,7 @@ class CudaEngine : public Engine {
   DeviceBuffer sequence_step_layers_, sequence_step_barrier_;
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
+  std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
   // memory, one output set per step in flight. Grown with the scratch, keeping what they hold.
@@ -325,6 +333,7 @@ absl::Status CudaEngine::Initialize() {
   if (options_.single_sequence_kernel != CudaEngineOptions::SingleSequenceKernel::kOff) {
     TTT_RETURN_IF_ERROR(PrepareSequenceStep());
   }
+  TTT_RETURN_IF_ERROR(ChooseSingleSequencePath());
   if (options_.prefill_tokens_per_step > 0) {
     const int64_t decode_rows = std::min<int64_t>(std::bit_ceil(static_cast<size_t>(capacity_)),
                                                   CudaEngineOptions::kPreparedDecodeRows);
@@ -969,6 +978,55 @@ absl::Status CudaEngine::PrepareSequenceStep() {
   sequence_step_layer_ = table.front();
   sequence_step_ = true;
   return absl::OkStatus();
+}
+
+absl::Status CudaEngine::ChooseSingleSequencePath() {
+  using Choice = CudaEngineOptions::SingleSequenceKernel;
+  if (options_.single_sequence_kernel == Choice::kOff) {
+    single_sequence_decode_ = "kernels per stage";
+    return absl::OkStatus();
+  }
+  if (!sequence_step_) {
+    single_sequence_decode_ = "kernels per stage (the one kernel does not cover this model)";
+    return absl::OkStatus();
+  }
+  if (options_.single_sequence_kernel != Choice::kWhereFaster) {
+    single_sequence_decode_ = "one kernel";
+    return absl::OkStatus();
+  }
+  TTT_ASSIGN_OR_RETURN(const SequenceSlot slot, CreateSequence());
+  sequence_step_ = true;
+  absl::StatusOr<absl::Duration> one_kernel = TimeSingleSequenceStep(slot);
+  sequence_step_ = false;
+  absl::StatusOr<absl::Duration> per_stage = TimeSingleSequenceStep(slot);
+  TTT_RETURN_IF_ERROR(ReleaseSequence(slot));
+  TTT_RETURN_IF_ERROR(one_kernel.status());
+  TTT_RETURN_IF_ERROR(per_stage.status());
+  sequence_step_ = *one_kernel < *per_stage;
+  // The batch-1 graph holds the path timed last; the next step captures the chosen one.
+  graphs_.erase({1, true});
+  single_sequence_decode_ = absl::StrFormat(
+      "%s (timed at start: one kernel %.3f ms a step, kernels per stage %.3f ms)",
+      sequence_step_ ? "one kernel" : "kernels per stage", absl::ToDoubleMilliseconds(*one_kernel),
+      absl::ToDoubleMilliseconds(*per_stage));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> CudaEngine::TimeSingleSequenceStep(SequenceSlot slot) {
+  // A few steps first: the first captures the graph, and the clocks settle.
+  constexpr int kWarmUp = 3, kTimed = 15;
+  graphs_.erase({1, true});
+  const int32_t token = 0;
+  const SequenceChunk chunk{.slot = slot, .tokens = {&token, 1}};
+  const SamplingParams greedy;
+  std::vector<SampledToken> tokens;
+  std::vector<absl::Duration> times;
+  for (int step = 0; step < kWarmUp + kTimed; ++step) {
+    TTT_RETURN_IF_ERROR(ForwardAndSample({&chunk, 1}, {&greedy, 1}, &tokens));
+    if (step >= kWarmUp) times.push_back(*collected_device_time_);
+  }
+  std::nth_element(times.begin(), times.begin() + kTimed / 2, times.end());
+  return times[kTimed / 2];
 }
 
 cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {

@@ -28,12 +28,13 @@ struct CudaEngineOptions {
   int64_t prefill_tokens_per_step = 0;
   static constexpr int64_t kPreparedDecodeRows = 1024;
   // Decode steps of a single sequence can run every layer in one persistent kernel
-  // (cu::SequenceStep, TTT-Linear models): never (a kernel per stage, as larger batches run),
-  // where the model fits it, or always, creation failing for a model it does not cover. Off by
-  // default: against the kernels per stage it is 8% faster at 1b (p99 too) but 14% slower at
-  // 125m (bench/README.md, v19), and the engine does not yet choose between them by model.
-  enum class SingleSequenceKernel { kOff, kWhereItFits, kRequired };
-  SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kOff;
+  // (cu::SequenceStep, TTT-Linear models) instead of a kernel per stage, as larger batches run.
+  // Which is faster depends on the model (bench/README.md, v19: the one kernel is 8% faster at
+  // 1b, 14% slower at 125m), so by default the engine times both at start wherever the model fits
+  // the kernel and keeps the faster. Otherwise: never (kOff), wherever the model fits it, or
+  // always, creation failing for a model it does not cover (kRequired).
+  enum class SingleSequenceKernel { kWhereFaster, kOff, kWhereItFits, kRequired };
+  SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kWhereFaster;
 };
 
 // Number of CUDA devices usable by this process (0 without a driver or GPU).

@@ -19,10 +19,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
                              .prefill_tokens_per_step = options.prefill_tokens_per_step,
-                             .single_sequence_kernel =
-                                 options.single_sequence_kernel
-                                     ? CudaEngineOptions::SingleSequenceKernel::kWhereItFits
-                                     : CudaEngineOptions::SingleSequenceKernel::kOff});
+                             .single_sequence_kernel = options.single_sequence_kernel});
   }
 #else
   if (options.backend == "cuda") {
@@ -38,6 +35,16 @@ absl::StatusOr<WeightPrecision> ParseWeightPrecision(std::string_view text) {
   if (text == "f32") return WeightPrecision::kFloat32;
   return absl::InvalidArgumentError(
       absl::StrCat("precision: '", AbslView(text), "' is not bf16 or f32"));
+}
+
+absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKernel(
+    std::string_view text) {
+  using Choice = CudaEngineOptions::SingleSequenceKernel;
+  if (text == "auto") return Choice::kWhereFaster;
+  if (text == "on") return Choice::kWhereItFits;
+  if (text == "off") return Choice::kOff;
+  return absl::InvalidArgumentError(
+      absl::StrCat("single_sequence_kernel: '", AbslView(text), "' is not auto, on or off"));
 }
 
 }  // namespace ttt

@@ -16,7 +16,9 @@ struct EngineOptions {
   int64_t max_sequences = 0;          // 0: as many as the state pool holds (CPU: no limit).
   double state_pool_fraction = 0.5;   // CUDA: share of free GPU memory for states.
   int64_t prefill_tokens_per_step = 0;  // CUDA: prepare at start for steps of this budget.
-  bool single_sequence_kernel = false;  // CUDA: batch-1 decode in one kernel where it fits.
+  // CUDA: how a single sequence decodes (see CudaEngineOptions).
+  CudaEngineOptions::SingleSequenceKernel single_sequence_kernel =
+      CudaEngineOptions::SingleSequenceKernel::kWhereFaster;
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this
@@ -26,5 +28,10 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
 
 // Parses "bf16" / "f32".
 absl::StatusOr<WeightPrecision> ParseWeightPrecision(std::string_view text);
+
+// Parses "auto" (the engine times both paths), "on" (the one kernel where the model fits it) and
+// "off".
+absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKernel(
+    std::string_view text);
 
 }  // namespace ttt

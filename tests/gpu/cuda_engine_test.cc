@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -384,7 +386,9 @@ TEST(CudaSequenceStepTest, ABFloat16WideModelMatchesThePerStageKernels) {
   const ModelConfig c = WideSequenceStepModel(5000);
   auto model = testing::RandomModel(c, 23);
   auto per_stage = CreateCudaEngine(
-      model, {.precision = WeightPrecision::kBFloat16, .max_sequences = 4});
+      model, {.precision = WeightPrecision::kBFloat16,
+              .max_sequences = 4,
+              .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kOff});
   auto one_kernel = CreateCudaEngine(
       model, {.precision = WeightPrecision::kBFloat16,
               .max_sequences = 4,
@@ -403,6 +407,50 @@ TEST(CudaSequenceStepTest, ABFloat16WideModelMatchesThePerStageKernels) {
               static_cast<long long>(agreement.positions));
   EXPECT_LE(agreement.relative(), 1e-2);
   EXPECT_GE(agreement.agree, agreement.positions - 1);  // One near-tie at most.
+}
+
+// By default the engine times a lone sequence's decode step through the one kernel and through
+// the kernels per stage as it starts, and keeps the faster, which then decodes as the CPU engine
+// does. Asked for either path, it takes that one.
+TEST(CudaSequenceStepTest, ByDefaultALoneSequenceDecodesThroughThePathTimedFaster) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
+  auto model = testing::RandomModel(c, 41);
+  auto chosen =
+      CreateCudaEngine(model, {.precision = WeightPrecision::kFloat32, .max_sequences = 4});
+  ASSERT_TRUE(chosen.ok()) << chosen.status();
+  const std::string path = (*chosen)->single_sequence_decode();
+  std::printf("[sequence-step] by default: %s\n", path.c_str());
+  const std::string timed = "(timed at start: one kernel ";
+  const size_t at = path.find(timed);
+  ASSERT_NE(at, std::string::npos) << path;
+  double one_kernel_ms = 0, per_stage_ms = 0;
+  ASSERT_EQ(std::sscanf(path.c_str() + at + timed.size(), "%lf ms a step, kernels per stage %lf",
+                        &one_kernel_ms, &per_stage_ms),
+            2)
+      << path;
+  EXPECT_GT(one_kernel_ms, 0);
+  EXPECT_GT(per_stage_ms, 0);
+  EXPECT_TRUE(
+      path.starts_with(one_kernel_ms < per_stage_ms ? "one kernel (" : "kernels per stage ("))
+      << path;
+
+  CpuEngine cpu(model);
+  float worst = 0;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      cpu, **chosen, c.vocab_size, {9}, /*steps=*/40, LogitsFor::kNone, 41,
+      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+        worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+      }));
+  EXPECT_LE(worst, 1e-3f);
+
+  using Choice = CudaEngineOptions::SingleSequenceKernel;
+  for (const auto& [choice, expected] : {std::pair{Choice::kOff, "kernels per stage"},
+                                         std::pair{Choice::kWhereItFits, "one kernel"}}) {
+    auto engine = CreateCudaEngine(model, {.max_sequences = 4, .single_sequence_kernel = choice});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->single_sequence_decode(), expected);
+  }
 }
 
 // A model the single-sequence kernel does not cover (TTT-MLP) decodes at batch 1 through the
@@ -428,6 +476,8 @@ TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
       model, {.max_sequences = 4,
               .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kWhereItFits});
   ASSERT_TRUE(fallback.ok()) << fallback.status();
+  EXPECT_EQ((*fallback)->single_sequence_decode(),
+            "kernels per stage (the one kernel does not cover this model)");
   CpuEngine cpu(model);
   Bf16Agreement agreement;
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(
@@ -436,6 +486,8 @@ TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
         agreement.Add(gpu_logits, cpu_logits);
       }));
   EXPECT_LE(agreement.relative(), 2e-2);
+  EXPECT_EQ((*fallback)->single_sequence_decode(),
+            "kernels per stage (the one kernel does not cover this model)");
 }
 
 // A decode step of more (sequence, head) pairs than the device holds warps at once, so that each
