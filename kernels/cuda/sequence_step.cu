@@ -21,8 +21,8 @@
 // block each (a head's by its warp, the pre-conv's history by the last block).
 //
 // It is exact. Against the kernels per stage it is 8% faster at 1b and 14% slower at 125m
-// (bench/README.md, v19: 1.18 against 1.29 ms a token; 0.32 against 0.28), so the engine uses it
-// only when asked to.
+// (bench/README.md, v19: 1.18 against 1.29 ms a token; 0.32 against 0.28), so the engine times
+// both as it starts and keeps the faster (v20).
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
