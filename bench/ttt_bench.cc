@@ -3,12 +3,14 @@
 //   ttt-bench --model DIR --batch 1,16 --steps 256
 //   ttt-bench --backend cuda --preset 125m --inner linear --batch 1,64,256 --offset 1024
 //   ttt-bench --backend cuda --preset 1b --batch 1 --timeline steps.csv   (then timeline.py)
+//   ttt-bench --backend cuda --preset 1b --batch 1 --single_sequence_kernel off   (one path)
 //
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
 // times `steps` decode steps of one token per sequence, the engine choosing the tokens (greedy,
 // or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
 // every sequence's state read once per step, over the device-to-device copy bandwidth measured
-// in the same run. With --timeline it then records a few more steps' kernels as they ran.
+// in the same run. With --timeline it then records a few more steps' kernels as they ran. At
+// batch 1 it records which path the engine decoded by (single_sequence_decode).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
