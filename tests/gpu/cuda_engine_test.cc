@@ -486,8 +486,6 @@ TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
         agreement.Add(gpu_logits, cpu_logits);
       }));
   EXPECT_LE(agreement.relative(), 2e-2);
-  EXPECT_EQ((*fallback)->single_sequence_decode(),
-            "kernels per stage (the one kernel does not cover this model)");
 }
 
 // A decode step of more (sequence, head) pairs than the device holds warps at once, so that each
