@@ -1003,8 +1003,8 @@ absl::Status CudaEngine::ChooseSingleSequencePath() {
   TTT_RETURN_IF_ERROR(one_kernel.status());
   TTT_RETURN_IF_ERROR(per_stage.status());
   sequence_step_ = *one_kernel < *per_stage;
-  // The batch-1 graph holds the path timed last; the next step captures the chosen one.
-  graphs_.erase({1, true});
+  // The batch-1 graph holds the path timed last, the kernels per stage: kept if they won.
+  if (sequence_step_) graphs_.erase({1, true});
   single_sequence_decode_ = absl::StrFormat(
       "%s (timed at start: one kernel %.3f ms a step, kernels per stage %.3f ms)",
       sequence_step_ ? "one kernel" : "kernels per stage", absl::ToDoubleMilliseconds(*one_kernel),
