@@ -147,10 +147,14 @@ __device__ __forceinline__ void ConsumersGridBarrier(unsigned* arrivals, unsigne
 // `first_chunk` + j, its input x in floats (laid out by XQuad). Rows go to warps in units of two
 // (one where a chunk's rows are odd), the share's units dealt round-robin, so a warp multiplies
 // whole rows and sums them within itself: no warp waits for another, and a warp may run ahead to
-// the next chunks while others finish one. A chunk's empty barrier counts kConsumerWarps arrivals:
-// one from each warp with units there, and the first of them also arrives for the warps without.
-// Every warp still waits for each chunk's fill in turn, as the barriers' parity requires. `out(row,
-// sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
+// the next chunks while others finish one. Every consumer thread waits for each chunk's fill and,
+// once done with it, arrives on its empty barrier (kConsumerThreads arrivals), units there or not:
+// - each thread's own arrival releases its own reads of the slot. With one arrival a warp after
+//   __syncwarp, compute-sanitizer's racecheck saw the other lanes' reads race the refill's copy;
+//   every lane arriving costs nothing measurable (bench/README.md, v21);
+// - a slot is refilled only once every thread has passed its wait, so no parity wait can fall a
+//   whole round behind its barrier and take the next phase for the one it waits on.
+// `out(row, sum, next_row_sum)` gets a unit's sums: once for a pair (gate_up), else once a row.
 template <typename T, typename Out>
 __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, uint64_t* full,
                          uint64_t* empty, int first_chunk, Out out) {
@@ -166,8 +170,6 @@ __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, 
     const int rows = min(s.rows_per_chunk, s.rows - j * s.rows_per_chunk);
     const int first_unit = j * chunk_units, units = (rows + unit_rows - 1) / unit_rows;
     WaitFor(&full[slot], (chunk / slots) & 1);
-    if (unit >= first_unit + units) continue;
-    const uint32_t arrivals = unit == first_unit ? 1 + max(0, kConsumerWarps - units) : 1;
     for (; unit < first_unit + units; unit += kConsumerWarps) {
       const int r = unit * unit_rows - j * s.rows_per_chunk;  // The unit's row in the chunk.
       const bool two = unit_rows == 2 && r + 1 < rows;
@@ -203,8 +205,7 @@ __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, 
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) ::cuda::ptx::mbarrier_arrive(&empty[slot], arrivals);
+    ::cuda::ptx::mbarrier_arrive(&empty[slot]);
   }
 }
 
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
       ::cuda::ptx::mbarrier_init(&full[s], 1);
-      ::cuda::ptx::mbarrier_init(&empty[s], kConsumerWarps);
+      ::cuda::ptx::mbarrier_init(&empty[s], kConsumerThreads);
     }
     ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
   }
