@@ -72,7 +72,8 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
                           const float* next_norm_weight, void* y, ElementType y_type,
                           cudaStream_t stream);
 // Where the TTT layer's inputs sit in a row of the fused input projection
-// [rows, ld] = x · [W_q; W_k; W_v; W_g; w_lr]ᵀ.
+// [rows, ld] = x · [W_q; W_k; W_v; w_lr; W_g]ᵀ. The gate's block, if any, comes last, after
+// every column the TTT step reads (cu::SequenceStep multiplies it apart).
 struct ProjectionColumns {
   int64_t ld;
   int q, k, v, g, lr;  // k < 0: share_qk (q and k are two convs of block q); g < 0: no gate.
@@ -208,6 +209,8 @@ struct SequenceStepLayer {
   size_t state_offset;  // The layer's part of a sequence's state.
 };
 
+inline constexpr int kSequenceStepCounters = 3;  // The grid's meeting counters a step uses.
+
 struct SequenceStepArgs {
   const SequenceStepLayer* layers;  // [num_layers], in device memory.
   int num_layers, D, I, f;        // f: the TTT heads' width, every layer's.
@@ -220,7 +223,7 @@ struct SequenceStepArgs {
   float* h;                       // [D] the residual stream, in and out.
   float *proj, *ttt_out;          // Scratch: [columns.ld] and [D] float32,
   void* act;                      // and [I] of the step's type.
-  unsigned* barrier;              // Two counters, zero before the first step; left zero.
+  unsigned* barrier;              // kSequenceStepCounters, zero before the first step; left zero.
 };
 
 // Whether SequenceStep covers this model (`layer`: any layer, on the host): TTT-Linear as

@@ -6,22 +6,40 @@
 
 namespace ttt::kernels::cuda {
 
-// Every block arrives; returns once all have. `arrivals` counts arrivals over the launch (each
-// barrier adds gridDim.x), `expected` this block's count of them so far. `block_sync` syncs the
-// block's threads that take part, of which the one with `arriving` set arrives for the block.
+// A grid barrier in halves, for blocks that publish their writes without waiting for the others':
+// every block arrives, and those that read the others' writes then wait. `arrivals` counts
+// arrivals over the launch (each round adds gridDim.x), `expected` this block's count of them so
+// far. `block_sync` syncs the block's threads that take part; the one with `leader` set arrives
+// and waits for the block.
 template <typename BlockSync>
-__device__ __forceinline__ void GridBarrier(unsigned* arrivals, unsigned& expected, bool arriving,
-                                            BlockSync block_sync) {
+__device__ __forceinline__ void GridArrive(unsigned* arrivals, unsigned& expected, bool leader,
+                                           BlockSync block_sync) {
   block_sync();
   expected += gridDim.x;
-  if (arriving) {
+  if (leader) {
     // The release is cumulative: it publishes the writes the sync above ordered before it.
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(*arrivals).fetch_add(
+        1, ::cuda::memory_order_release);
+  }
+}
+
+template <typename BlockSync>
+__device__ __forceinline__ void GridWait(unsigned* arrivals, unsigned expected, bool leader,
+                                         BlockSync block_sync) {
+  if (leader) {
     ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> count(*arrivals);
-    count.fetch_add(1, ::cuda::memory_order_release);
     while (count.load(::cuda::memory_order_acquire) < expected) {
     }
   }
   block_sync();
+}
+
+// Every block arrives; returns once all have.
+template <typename BlockSync>
+__device__ __forceinline__ void GridBarrier(unsigned* arrivals, unsigned& expected, bool leader,
+                                            BlockSync block_sync) {
+  GridArrive(arrivals, expected, leader, block_sync);
+  GridWait(arrivals, expected, leader, block_sync);
 }
 
 }  // namespace ttt::kernels::cuda

@@ -13,12 +13,13 @@
 // - the consumer warps do the stages. Each block makes a product's input row itself (a norm over a
 //   few KB, cheaper than one more barrier), multiplies it into its slots' rows, a warp two rows
 //   at a time, and writes their outputs; the TTT step runs a warp a head (DecodeLinearToken) on
-//   the first blocks.
+//   the first blocks, as soon as every block has published its rows of the step's inputs, while
+//   the other blocks multiply in_proj's gate rows.
 // The stages meet at grid barriers; the launch is cooperative, so every block is resident.
 //
 // What crosses blocks (h, the projection, the TTT output, the feed-forward's activation) is
 // written before a barrier and read after it; the sequence's state is read and written by one
-// block each (a head's by its warp, the pre-conv's history by the last block).
+// block each (a head's by its warp, the pre-conv's history by block 0).
 //
 // It is exact. Against the kernels per stage it is 8% faster at 1b and 14% slower at 125m
 // (bench/README.md, v19: 1.18 against 1.29 ms a token; 0.32 against 0.28), so the engine times
@@ -47,12 +48,18 @@ constexpr int kMinSlots = 2, kMaxSlots = 6;
 // with two, 1.25 unbounded).
 constexpr int kCopiesInFlight = 1;
 constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
+// SequenceStepArgs::barrier's counters: the grid barriers' arrivals, the blocks done with the
+// step, and the blocks that have published the TTT step's inputs.
+enum Counter { kBarrierArrivals, kBlocksDone, kTttInputsPublished };
+static_assert(kTttInputsPublished + 1 == kSequenceStepCounters);
 // A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
 constexpr int kQuads = 4;
 static_assert(2 * kMaxSlots * sizeof(uint64_t) <= kBarrierBytes);
 
-// The products of a layer, in the order the step uses them.
-enum Product { kInProj, kOProj, kGateUp, kDown, kProducts };
+// The products of a layer, in the order the step uses them. in_proj comes in two: the TTT step's
+// inputs (q, k, v and the step sizes), then the gate, which the step does not read: the blocks
+// that run no head multiply it while the heads' blocks run the step.
+enum Product { kTttInputs, kGate, kOProj, kGateUp, kDown, kProducts };
 
 // The rows of a product one block holds, [first, first + rows), and how they come through the
 // ring: rows_per_chunk at a time (even for gate_up, whose gate and up rows come in pairs).
@@ -63,20 +70,29 @@ struct Share {
   __device__ int chunks() const { return (rows + rows_per_chunk - 1) / rows_per_chunk; }
 };
 
+// A product's rows [begin, end) are dealt to blocks first_block, first_block + 1, ... evenly.
 template <typename T>
 __device__ Share ShareOf(const SequenceStepArgs& a, const SequenceStepLayer& layer, int product) {
+  const ProjectionColumns& columns = layer.ttt_inputs.columns;  // The gate's, if any, are last.
   const void* w = layer.down;
-  int in = a.I, out = a.D;
-  if (product == kInProj) w = layer.in_proj, in = a.D, out = layer.ttt_inputs.columns.ld;
-  if (product == kOProj) w = layer.o_proj, in = a.D, out = a.D;
-  if (product == kGateUp) w = layer.gate_up, in = a.D, out = 2 * a.I;
+  int in = a.I, begin = 0, end = a.D, first_block = 0;
+  if (product == kTttInputs) {
+    w = layer.in_proj, in = a.D, end = columns.g >= 0 ? columns.g : columns.ld;
+  }
+  if (product == kGate) {
+    w = layer.in_proj, in = a.D, first_block = layer.ttt.nh;
+    begin = max(columns.g, 0), end = columns.g >= 0 ? columns.g + a.D : 0;
+  }
+  if (product == kOProj) w = layer.o_proj, in = a.D;
+  if (product == kGateUp) w = layer.gate_up, in = a.D, end = 2 * a.I;
   Share s;
   s.pairs = product == kGateUp;
-  int per_block = (out + gridDim.x - 1) / gridDim.x;
+  const int blocks = gridDim.x - first_block, block = blockIdx.x - first_block;
+  int per_block = (end - begin + blocks - 1) / blocks;
   if (s.pairs) per_block += per_block % 2;
   s.in = in;
-  s.first = min(out, static_cast<int>(blockIdx.x) * per_block);
-  s.rows = min(out, s.first + per_block) - s.first;
+  s.first = block < 0 ? end : min(end, begin + block * per_block);
+  s.rows = block < 0 ? 0 : min(end, s.first + per_block) - s.first;
   s.row_bytes = in * static_cast<int>(sizeof(T));
   s.rows_per_chunk = kSlotBytes / s.row_bytes;
   if (s.pairs) s.rows_per_chunk -= s.rows_per_chunk % 2;
@@ -138,9 +154,15 @@ __device__ float ConsumersSum(float v, float* scratch) {
   return WarpSum(lane < kConsumerWarps ? scratch[lane] : 0.0f);
 }
 
-// The grid barrier of the consumer warps (the producer never waits at one).
+// The grid barrier of the consumer warps (the producer never waits at one), and its halves.
 __device__ __forceinline__ void ConsumersGridBarrier(unsigned* arrivals, unsigned& expected) {
   GridBarrier(arrivals, expected, threadIdx.x == kWarp, [] { ConsumersSync(); });
+}
+__device__ __forceinline__ void ConsumersGridArrive(unsigned* arrivals, unsigned& expected) {
+  GridArrive(arrivals, expected, threadIdx.x == kWarp, [] { ConsumersSync(); });
+}
+__device__ __forceinline__ void ConsumersGridWait(unsigned* arrivals, unsigned expected) {
+  GridWait(arrivals, expected, threadIdx.x == kWarp, [] { ConsumersSync(); });
 }
 
 // The consumers' part of a product, chunk j of the block's share being the ring's chunk
@@ -329,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
   const int t = threadIdx.x - kWarp, warp = t / kWarp;
   const int D = a.D, I = a.I;
   float* sequence_state = a.states + static_cast<size_t>(seg.slot) * a.slot_floats;
-  unsigned expected = 0;
+  unsigned expected = 0, inputs_expected = 0;
   int chunk = 0;
   auto multiply = [&](const Share& s, auto out) {
     Multiply<T>(s, x, ring, slots, full, empty, chunk, out);
@@ -342,8 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const int nh = layer.ttt.nh;
     // Each product's share is read from the layer table at the start of the stage before it, so
     // that those loads overlap the stage's own.
-    const Share in_proj = ShareOf<T>(a, layer, kInProj);
-    // The first head's W1 (its state is this block's alone) comes while the stages before run.
+    const Share ttt_inputs = ShareOf<T>(a, layer, kTttInputs);
+    // The block's head's W1 (its state is this block's alone) comes while the stages before run.
     if (warp == 0) {
       if (blockIdx.x < nh) CopyW1Async<kF>(base, a.offsets, blockIdx.x, w1);
       __pipeline_commit();
@@ -376,25 +398,22 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       StoreQuad<T>(x, D, c, (inv_rms * v[m]) * Load4(layer.seq_norm + c));
     });
     ConsumersSync();
-    multiply(in_proj, [&](int row, float sum, float) { a.proj[row] = sum; });
-    ConsumersGridBarrier(a.barrier, expected);
-
-    // The TTT step, a head a block. Meanwhile the other warps ask L2 for the next layer's
-    // parameters and state, and the last block shifts the pre-conv's history (every block has
-    // read it).
-    if (warp == 0) {
-      TttProjectionInputs inputs = layer.ttt_inputs;
-      inputs.proj = a.proj;
-      for (int head = blockIdx.x; head < nh; head += gridDim.x) {
-        if (head != static_cast<int>(blockIdx.x)) {
-          CopyW1Async<kF>(base, a.offsets, head, w1);
-          __pipeline_commit();
-        }
-        DecodeLinearToken<kF, kTaps>(layer.ttt, inputs, seg, head, base, a.offsets, w1, a.ttt_out,
-                                     [] {});
-      }
-    } else {
-      if (pre_conv && blockIdx.x == gridDim.x - 1) {
+    multiply(ttt_inputs, [&](int row, float sum, float) { a.proj[row] = sum; });
+    // The TTT step's inputs are published (every block's, on a counter of their own), and only
+    // the heads' blocks wait for them. The others multiply the gate meanwhile.
+    const Share gate_rows = ShareOf<T>(a, layer, kGate);
+    ConsumersGridArrive(&a.barrier[kTttInputsPublished], inputs_expected);
+    if (blockIdx.x < nh) {
+      ConsumersGridWait(&a.barrier[kTttInputsPublished], inputs_expected);
+      // The TTT step, a head a block (nh < gridDim.x). Meanwhile the other warps ask L2 for the
+      // next layer's parameters and state, and block 0's shift the pre-conv's history (every
+      // block has read it, having published its TTT inputs).
+      if (warp == 0) {
+        TttProjectionInputs inputs = layer.ttt_inputs;
+        inputs.proj = a.proj;
+        DecodeLinearToken<kF, kTaps>(layer.ttt, inputs, seg, blockIdx.x, base, a.offsets, w1,
+                                     a.ttt_out, [] {});
+      } else if (pre_conv && blockIdx.x == 0) {
         float* history = base + a.conv_history_offset;
         const int ck = layer.ttt_inputs.conv.ck;
         for (int c = t - kWarp; c < D; c += kConsumerThreads - kWarp) {
@@ -402,12 +421,14 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
           if (ck > 1) history[(ck - 2) * D + c] = normed[c];
         }
       }
-      if (l + 1 < a.num_layers) {
-        PrefetchLayer(a, a.layers[l + 1], sequence_state + a.layers[l + 1].state_offset, t - kWarp,
-                      kConsumerThreads - kWarp);
-      }
+    } else {
+      multiply(gate_rows, [&](int row, float sum, float) { a.proj[row] = sum; });
     }
-    ConsumersGridBarrier(a.barrier, expected);
+    if (warp != 0 && l + 1 < a.num_layers) {
+      PrefetchLayer(a, a.layers[l + 1], sequence_state + a.layers[l + 1].state_offset, t - kWarp,
+                    kConsumerThreads - kWarp);
+    }
+    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
 
     // o_proj of LayerNorm(TTT output) · gelu(gate), added into h.
     const Share o_proj = ShareOf<T>(a, layer, kOProj);
@@ -437,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     });
     ConsumersSync();
     multiply(o_proj, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    ConsumersGridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
 
     // The feed-forward: SwiGLU of gate_up(RMSNorm(h)), then down, added into h.
     const Share gate_up = ShareOf<T>(a, layer, kGateUp);
@@ -455,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     multiply(gate_up, [&](int row, float gate_sum, float up_sum) {
       StoreAs(static_cast<T*>(a.act), row / 2, Swish(gate_sum, up_sum));
     });
-    ConsumersGridBarrier(a.barrier, expected);
+    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
     const Share down = ShareOf<T>(a, layer, kDown);
     const uint4* act = static_cast<const uint4*>(a.act);
     for (int i = t; i < I / kElements<T>; i += kConsumerThreads) {
@@ -469,16 +490,19 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     }
     ConsumersSync();
     multiply(down, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    if (l + 1 < a.num_layers) ConsumersGridBarrier(a.barrier, expected);
+    if (l + 1 < a.num_layers) ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
   }
 
   // The last block out leaves the counters at zero for the next step. Every block counted has
-  // passed its last barrier, so none still waits on `arrivals`.
+  // passed its last barrier, so none still waits on a counter.
   ConsumersSync();
   if (threadIdx.x == kWarp) {
-    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> done(a.barrier[1]);
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> done(a.barrier[kBlocksDone]);
     if (done.fetch_add(1, ::cuda::memory_order_acq_rel) == gridDim.x - 1) {
-      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[0]).store(0);
+      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[kBarrierArrivals])
+          .store(0);
+      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[kTttInputsPublished])
+          .store(0);
       done.store(0);
     }
   }
@@ -579,7 +603,8 @@ bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer
                     a.D <= 4 * kQuads * kConsumerThreads && row_bytes <= kSlotBytes &&
                     weights_aligned && rows_aligned &&
                     TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
-                    layer.ttt.f == a.f && layer.ttt_inputs.conv.ck <= kMaxTaps &&
+                    layer.ttt.f == a.f && layer.ttt.nh < d.sms &&
+                    layer.ttt_inputs.conv.ck <= kMaxTaps &&
                     SlotsFor(a, a.f, d) >= kMinSlots;
   if (!fits) return false;
   TttProjectionInputs inputs = layer.ttt_inputs;

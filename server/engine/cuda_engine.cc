@@ -62,7 +62,7 @@ std::vector<float> InterleavedRows(std::span<const float> a, std::span<const flo
 
 // GEMM operands (weights and the activations fed to them) are in the weight precision. The
 // projections that read the same input are stacked into one weight, one GEMM each:
-// in_proj = [W_q; W_k; W_v; W_g; w_lr] (k and g when the model has them; see
+// in_proj = [W_q; W_k; W_v; w_lr; W_g] (k and g when the model has them; see
 // ProjectionColumns) and gate_up, whose rows interleave W_gate's and W_up's (gate row j, then up
 // row j), so that a product's two sums for output j of the feed-forward meet in one warp.
 struct LayerWeights {
@@ -380,18 +380,20 @@ absl::Status CudaEngine::UploadWeights() {
   }
   TTT_ASSIGN_OR_RETURN(final_norm_, UploadFloats(weights.Get("model.norm.weight")));
 
-  // The fused input projection's column blocks, in the order they are stacked.
+  // The fused input projection's column blocks, in the order they are stacked: the TTT step's
+  // inputs, then the gate (which SequenceStep multiplies apart from them), each block starting on
+  // a 16-byte boundary of the output row.
   int column = 0;
   auto block = [&column](int64_t width) {
     const int start = column;
-    column += static_cast<int>(width);
+    column += static_cast<int>((width + 3) / 4 * 4);
     return start;
   };
   columns_.q = block(D);
   columns_.k = c.share_qk ? -1 : block(D);
   columns_.v = block(D);
-  columns_.g = c.use_gate ? block(D) : -1;
   columns_.lr = block(c.num_attention_heads);
+  columns_.g = c.use_gate ? block(D) : -1;
   // Rounded up to a multiple of 64 (zero rows in the weight): cuBLAS picks much slower kernels
   // for an odd output width such as 3·768 + 12.
   constexpr int kWidthMultiple = 64;
@@ -415,11 +417,6 @@ absl::Status CudaEngine::UploadWeights() {
     auto ttt = [&](std::string_view suffix) {
       return weights.Get(LayerTensorName(i, absl::StrCat(kTttBlock, AbslView(suffix))));
     };
-    auto stacked = [](const std::vector<std::span<const float>>& parts) {
-      std::vector<float> all;
-      for (std::span<const float> part : parts) all.insert(all.end(), part.begin(), part.end());
-      return all;
-    };
     LayerWeights& w = layers_.emplace_back();
     if (c.pre_conv) {
       TTT_ASSIGN_OR_RETURN(w.conv_norm, UploadFloats(layer("conv.norm.weight")));
@@ -427,14 +424,17 @@ absl::Status CudaEngine::UploadWeights() {
       TTT_ASSIGN_OR_RETURN(w.conv_b, UploadFloats(layer("conv.conv.bias")));
     }
     TTT_ASSIGN_OR_RETURN(w.seq_norm, UploadFloats(layer("seq_norm.weight")));
-    std::vector<std::span<const float>> in_parts = {ttt("q_proj.weight")};
-    if (!c.share_qk) in_parts.push_back(ttt("k_proj.weight"));
-    in_parts.push_back(ttt("v_proj.weight"));
-    if (c.use_gate) in_parts.push_back(ttt("g_proj.weight"));
-    in_parts.push_back(ttt("learnable_ttt_lr_weight"));
-    const std::vector<float> padding((columns_.ld - columns_.lr - c.num_attention_heads) * D, 0.0f);
-    in_parts.push_back(padding);
-    TTT_ASSIGN_OR_RETURN(w.in_proj, UploadGemmWeight(stacked(in_parts)));
+    // Each block's rows at its column, zero rows between blocks and after the last.
+    std::vector<float> in_proj(columns_.ld * D, 0.0f);
+    auto place = [&](std::span<const float> rows, int column) {
+      std::copy(rows.begin(), rows.end(), in_proj.begin() + column * D);
+    };
+    place(ttt("q_proj.weight"), columns_.q);
+    if (!c.share_qk) place(ttt("k_proj.weight"), columns_.k);
+    place(ttt("v_proj.weight"), columns_.v);
+    place(ttt("learnable_ttt_lr_weight"), columns_.lr);
+    if (c.use_gate) place(ttt("g_proj.weight"), columns_.g);
+    TTT_ASSIGN_OR_RETURN(w.in_proj, UploadGemmWeight(in_proj));
     if (c.share_qk) {
       TTT_ASSIGN_OR_RETURN(w.conv_q_w, UploadFloats(ttt("conv_q.weight")));
       TTT_ASSIGN_OR_RETURN(w.conv_q_b, UploadFloats(ttt("conv_q.bias")));
@@ -973,8 +973,9 @@ absl::Status CudaEngine::PrepareSequenceStep() {
   TTT_RETURN_IF_ERROR(sequence_step_layers_.Reserve(table.size() * sizeof(table[0])));
   TTT_RETURN_IF_ERROR(
       CopyToDevice(sequence_step_layers_.get(), table.data(), table.size() * sizeof(table[0])));
-  TTT_RETURN_IF_ERROR(sequence_step_barrier_.Reserve(2 * sizeof(unsigned)));
-  TTT_CUDA(cudaMemsetAsync(sequence_step_barrier_.get(), 0, 2 * sizeof(unsigned), stream_));
+  constexpr size_t kCounterBytes = cu::kSequenceStepCounters * sizeof(unsigned);
+  TTT_RETURN_IF_ERROR(sequence_step_barrier_.Reserve(kCounterBytes));
+  TTT_CUDA(cudaMemsetAsync(sequence_step_barrier_.get(), 0, kCounterBytes, stream_));
   sequence_step_layer_ = table.front();
   sequence_step_ = true;
   return absl::OkStatus();
