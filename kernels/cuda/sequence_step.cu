@@ -21,9 +21,9 @@
 // written before a barrier and read after it; the sequence's state is read and written by one
 // block each (a head's by its warp, the pre-conv's history by block 0).
 //
-// It is exact. Against the kernels per stage it is 8% faster at 1b and 14% slower at 125m
-// (bench/README.md, v19: 1.18 against 1.29 ms a token; 0.32 against 0.28), so the engine times
-// both as it starts and keeps the faster (v20).
+// It is exact. Against the kernels per stage it is 8% faster at 1b and 12% slower at 125m
+// (bench/README.md, v20–v21: 1.18 against 1.29 ms a token; 0.31 against 0.28), so the engine
+// times both as it starts and keeps the faster (v20).
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
