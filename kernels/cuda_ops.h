@@ -227,9 +227,9 @@ struct SequenceStepArgs {
 };
 
 // Whether SequenceStep covers this model (`layer`: any layer, on the host): TTT-Linear as
-// TttDecode covers it, product rows whole 16-byte vectors that fit its slots, and a device that
-// launches cooperatively. Also readies the kernel on the current device: call it before
-// SequenceStep, and outside graph capture.
+// TttDecode covers it, product rows whole 16-byte vectors that fit its slots, fewer heads than
+// the device has SMs (a block runs one), and a device that launches cooperatively. Also readies
+// the kernel on the current device: call it before SequenceStep, and outside graph capture.
 bool SetUpSequenceStep(const SequenceStepArgs& args, const SequenceStepLayer& layer,
                        ElementType type);
 cudaError_t SequenceStep(const SequenceStepArgs& args, const SequenceStepLayer& layer,
