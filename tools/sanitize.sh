@@ -12,7 +12,7 @@
 # /usr/local/cuda/bin/compute-sanitizer). Exits 1 if any test failed, timed out or was reported.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '7p' "$0" | sed 's/^#  */usage: /' >&2
+  grep -m1 '^#   tools/sanitize.sh' "$0" | sed 's/^#   /usage: /' >&2
   exit 2
 fi
 tool=$1 binary=$2 filter=${3:-*}
