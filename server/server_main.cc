@@ -69,10 +69,10 @@ absl::Status Run() {
   if (model_dir.empty()) model_dir = DefaultModelDir();
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
-
-  // Serve health (NOT_SERVING) and UNAVAILABLE answers while the model loads.
   TTT_ASSIGN_OR_RETURN(const CudaEngineOptions::SingleSequenceKernel single_sequence_kernel,
                        ParseSingleSequenceKernel(absl::GetFlag(FLAGS_single_sequence_kernel)));
+
+  // Serve health (NOT_SERVING) and UNAVAILABLE answers while the model loads.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   TttService service;

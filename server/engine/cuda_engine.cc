@@ -996,7 +996,6 @@ absl::Status CudaEngine::ChooseSingleSequencePath() {
     return absl::OkStatus();
   }
   TTT_ASSIGN_OR_RETURN(const SequenceSlot slot, CreateSequence());
-  sequence_step_ = true;
   absl::StatusOr<absl::Duration> one_kernel = TimeSingleSequenceStep(slot);
   sequence_step_ = false;
   absl::StatusOr<absl::Duration> per_stage = TimeSingleSequenceStep(slot);
