@@ -1,5 +1,7 @@
 // The CUDA engine against the golden vectors and against the CPU engine. Skips without a GPU.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -19,6 +21,14 @@ using testing::Golden;
 
 #define SKIP_WITHOUT_GPU() \
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+// A long decode test's steps: `full`, or at most 40 in the short form tools/sanitize.sh runs
+// (TTT_SHORT_TESTS=1), where the tools slow every launch by orders of magnitude. 40 steps still
+// commit every sequence's window twice, from any offset.
+int DecodeSteps(int full) {
+  const char* short_tests = std::getenv("TTT_SHORT_TESTS");
+  return short_tests != nullptr && std::string(short_tests) == "1" ? std::min(full, 40) : full;
+}
 
 std::unique_ptr<Engine> MakeCudaEngine(std::shared_ptr<const Model> model,
                                        WeightPrecision precision, int64_t max_sequences = 64) {
@@ -234,7 +244,7 @@ TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
 
 // GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
 // the decode kernel has a form for (f = 64 and 32; the golden models have 16), five sequences at
-// different offsets stepping together for 300 decode steps.
+// different offsets stepping together for 300 decode steps (DecodeSteps).
 class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {};
 
 TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
@@ -261,14 +271,15 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   ASSERT_NE(gpu, nullptr);
 
   // Five sequences: the decode step runs in the graph of bucket 8, three rows idle.
+  const int steps = DecodeSteps(300);
   float worst = 0;
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-      cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, /*steps=*/300, LogitsFor::kEveryToken, flags,
+      cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, steps, LogitsFor::kEveryToken, flags,
       [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
         worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
       }));
-  std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over 300 steps\n",
-              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst);
+  std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over %d steps\n",
+              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst, steps);
   EXPECT_LE(worst, 1e-3f);
 }
 
@@ -278,8 +289,8 @@ INSTANTIATE_TEST_SUITE_P(EveryInnerAndFlag, CudaMatchesCpuTest,
                                             ::testing::Range(0, 8), ::testing::Values(64, 32)));
 
 // Decode at batch 1 runs every layer in one kernel (cu::SequenceStep). Engines that must use it
-// against the CPU engine: one sequence decoding 70 tokens after a prompt of 9 (windows committed
-// four times, the last mid-window), on a random TTT-Linear model.
+// against the CPU engine: one sequence decoding 70 tokens (DecodeSteps) after a prompt of 9
+// (windows committed four times, the last mid-window), on a random TTT-Linear model.
 struct SequenceStepRun {
   float worst = 0;  // max|Δ| of the logits
   Bf16Agreement agreement;
@@ -295,7 +306,7 @@ SequenceStepRun RunSequenceStep(const ModelConfig& c, WeightPrecision precision,
               .single_sequence_kernel = CudaEngineOptions::SingleSequenceKernel::kRequired});
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   if (!gpu.ok()) return run;
-  RunSideBySide(cpu, **gpu, c.vocab_size, {9}, /*steps=*/70, LogitsFor::kNone, seed,
+  RunSideBySide(cpu, **gpu, c.vocab_size, {9}, DecodeSteps(70), LogitsFor::kNone, seed,
                 [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
                   run.worst = std::max(run.worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
                   run.agreement.Add(gpu_logits, cpu_logits);
@@ -397,7 +408,7 @@ TEST(CudaSequenceStepTest, ABFloat16WideModelMatchesThePerStageKernels) {
   ASSERT_TRUE(one_kernel.ok()) << one_kernel.status();
   Bf16Agreement agreement;
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-      **per_stage, **one_kernel, c.vocab_size, {9}, /*steps=*/70, LogitsFor::kNone, 23,
+      **per_stage, **one_kernel, c.vocab_size, {9}, DecodeSteps(70), LogitsFor::kNone, 23,
       [&](const std::vector<float>& per_stage_logits, const std::vector<float>& kernel_logits) {
         agreement.Add(kernel_logits, per_stage_logits);
       }));
