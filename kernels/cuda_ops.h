@@ -223,7 +223,7 @@ struct SequenceStepArgs {
   float* h;                       // [D] the residual stream, in and out.
   float *proj, *ttt_out;          // Scratch: [columns.ld] and [D] float32,
   void* act;                      // and [I] of the step's type.
-  unsigned* barrier;              // kSequenceStepCounters, zero before the first step; left zero.
+  unsigned* counters;             // kSequenceStepCounters, zero before the first step; left zero.
 };
 
 // Whether SequenceStep covers this model (`layer`: any layer, on the host): TTT-Linear as

@@ -48,8 +48,8 @@ constexpr int kMinSlots = 2, kMaxSlots = 6;
 // with two, 1.25 unbounded).
 constexpr int kCopiesInFlight = 1;
 constexpr int kBarrierBytes = 128;  // The slots' mbarriers, at the front of shared memory.
-// SequenceStepArgs::barrier's counters: the grid barriers' arrivals, the blocks done with the
-// step, and the blocks that have published the TTT step's inputs.
+// SequenceStepArgs::counters: the grid barriers' arrivals, the blocks done with the step, and the
+// blocks that have published the TTT step's inputs.
 enum Counter { kBarrierArrivals, kBlocksDone, kTttInputsPublished };
 static_assert(kTttInputsPublished + 1 == kSequenceStepCounters);
 // A consumer thread's channel quads in the row stages: widths up to 4·kQuads·kConsumerThreads.
@@ -402,9 +402,9 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     // The TTT step's inputs are published (every block's, on a counter of their own), and only
     // the heads' blocks wait for them. The others multiply the gate meanwhile.
     const Share gate_rows = ShareOf<T>(a, layer, kGate);
-    ConsumersGridArrive(&a.barrier[kTttInputsPublished], inputs_expected);
+    ConsumersGridArrive(&a.counters[kTttInputsPublished], inputs_expected);
     if (blockIdx.x < nh) {
-      ConsumersGridWait(&a.barrier[kTttInputsPublished], inputs_expected);
+      ConsumersGridWait(&a.counters[kTttInputsPublished], inputs_expected);
       // The TTT step, a head a block (nh < gridDim.x). Meanwhile the other warps ask L2 for the
       // next layer's parameters and state, and block 0's shift the pre-conv's history (every
       // block has read it, having published its TTT inputs).
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       PrefetchLayer(a, a.layers[l + 1], sequence_state + a.layers[l + 1].state_offset, t - kWarp,
                     kConsumerThreads - kWarp);
     }
-    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
+    ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
 
     // o_proj of LayerNorm(TTT output) · gelu(gate), added into h.
     const Share o_proj = ShareOf<T>(a, layer, kOProj);
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     });
     ConsumersSync();
     multiply(o_proj, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
+    ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
 
     // The feed-forward: SwiGLU of gate_up(RMSNorm(h)), then down, added into h.
     const Share gate_up = ShareOf<T>(a, layer, kGateUp);
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     multiply(gate_up, [&](int row, float gate_sum, float up_sum) {
       StoreAs(static_cast<T*>(a.act), row / 2, Swish(gate_sum, up_sum));
     });
-    ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
+    ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
     const Share down = ShareOf<T>(a, layer, kDown);
     const uint4* act = static_cast<const uint4*>(a.act);
     for (int i = t; i < I / kElements<T>; i += kConsumerThreads) {
@@ -490,18 +490,18 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     }
     ConsumersSync();
     multiply(down, [&](int row, float sum, float) { a.h[row] = resid[row] + sum; });
-    if (l + 1 < a.num_layers) ConsumersGridBarrier(&a.barrier[kBarrierArrivals], expected);
+    if (l + 1 < a.num_layers) ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
   }
 
   // The last block out leaves the counters at zero for the next step. Every block counted has
   // passed its last barrier, so none still waits on a counter.
   ConsumersSync();
   if (threadIdx.x == kWarp) {
-    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> done(a.barrier[kBlocksDone]);
+    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> done(a.counters[kBlocksDone]);
     if (done.fetch_add(1, ::cuda::memory_order_acq_rel) == gridDim.x - 1) {
-      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[kBarrierArrivals])
+      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.counters[kBarrierArrivals])
           .store(0);
-      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.barrier[kTttInputsPublished])
+      ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device>(a.counters[kTttInputsPublished])
           .store(0);
       done.store(0);
     }

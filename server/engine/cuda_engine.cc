@@ -254,7 +254,7 @@ class CudaEngine : public Engine {
   std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
   // cu::SequenceStep's layer table (on the device; its first layer on the host too) and
   // grid-barrier counters; whether the model fits it.
-  DeviceBuffer sequence_step_layers_, sequence_step_barrier_;
+  DeviceBuffer sequence_step_layers_, sequence_step_counters_;
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
   std::string single_sequence_decode_;  // Which path, and why.
@@ -974,8 +974,8 @@ absl::Status CudaEngine::PrepareSequenceStep() {
   TTT_RETURN_IF_ERROR(
       CopyToDevice(sequence_step_layers_.get(), table.data(), table.size() * sizeof(table[0])));
   constexpr size_t kCounterBytes = cu::kSequenceStepCounters * sizeof(unsigned);
-  TTT_RETURN_IF_ERROR(sequence_step_barrier_.Reserve(kCounterBytes));
-  TTT_CUDA(cudaMemsetAsync(sequence_step_barrier_.get(), 0, kCounterBytes, stream_));
+  TTT_RETURN_IF_ERROR(sequence_step_counters_.Reserve(kCounterBytes));
+  TTT_CUDA(cudaMemsetAsync(sequence_step_counters_.get(), 0, kCounterBytes, stream_));
   sequence_step_layer_ = table.front();
   sequence_step_ = true;
   return absl::OkStatus();
@@ -1048,7 +1048,7 @@ cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
           .proj = s.proj.get<float>(),
           .ttt_out = s.ttt_out.get<float>(),
           .act = s.ffn_act.get(),
-          .barrier = sequence_step_barrier_.get<unsigned>()};
+          .counters = sequence_step_counters_.get<unsigned>()};
 }
 
 absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
