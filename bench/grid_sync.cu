@@ -63,10 +63,7 @@ __device__ __forceinline__ void MeetingSync() {
 __device__ int Stream(const char* stream, int depth, char* ring, uint64_t* full,
                       volatile int* done) {
   const char* part = stream + blockIdx.x * kStreamBytesPerBlock;
-  auto wait_for = [&](int chunk) {
-    while (!::cuda::ptx::mbarrier_try_wait_parity(&full[chunk % depth], (chunk / depth) & 1)) {
-    }
-  };
+  auto wait_for = [&](int chunk) { cu::WaitForPhase(&full[chunk % depth], (chunk / depth) & 1); };
   int chunk = 0;
   for (; !*done; ++chunk) {
     if (chunk >= depth) wait_for(chunk - depth);

@@ -1,8 +1,9 @@
 // How the blocks of a persistent kernel (a cooperative launch: every block resident) wait for
-// each other.
+// each other, and its threads for a shared-memory barrier's phase (a copy landing, a slot freed).
 #pragma once
 
 #include <cuda/atomic>
+#include <cuda/ptx>
 
 namespace ttt::kernels::cuda {
 
@@ -40,6 +41,12 @@ __device__ __forceinline__ void GridBarrier(unsigned* arrivals, unsigned& expect
                                             BlockSync block_sync) {
   GridArrive(arrivals, expected, leader, block_sync);
   GridWait(arrivals, expected, leader, block_sync);
+}
+
+// Returns once the mbarrier has completed the phase of this parity.
+__device__ __forceinline__ void WaitForPhase(uint64_t* mbarrier, int parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(mbarrier, static_cast<uint32_t>(parity))) {
+  }
 }
 
 }  // namespace ttt::kernels::cuda

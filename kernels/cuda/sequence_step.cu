@@ -100,11 +100,6 @@ __device__ Share ShareOf(const SequenceStepArgs& a, const SequenceStepLayer& lay
   return s;
 }
 
-__device__ __forceinline__ void WaitFor(uint64_t* barrier, int parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
-  }
-}
-
 // The producer: every chunk of every layer's shares, in order; chunk i goes to slot i % slots
 // once the consumers have freed that slot's previous chunk. The weights are read once a step,
 // so they are marked first to leave L2, ahead of what the stages read there.
@@ -119,10 +114,10 @@ __device__ void StreamWeights(const SequenceStepArgs& a, char* ring, int slots, 
       const Share s = ShareOf<T>(a, a.layers[l], product);
       for (int row = 0; row < s.rows; row += s.rows_per_chunk, ++chunk) {
         const int slot = chunk % slots, round = chunk / slots;
-        if (round > 0) WaitFor(&empty[slot], (round - 1) & 1);
+        if (round > 0) WaitForPhase(&empty[slot], (round - 1) & 1);
         if (chunk >= kCopiesInFlight) {
           const int landed = chunk - kCopiesInFlight;
-          WaitFor(&full[landed % slots], (landed / slots) & 1);
+          WaitForPhase(&full[landed % slots], (landed / slots) & 1);
         }
         const uint32_t bytes = min(s.rows_per_chunk, s.rows - row) * s.row_bytes;
         ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
@@ -191,7 +186,7 @@ __device__ void Multiply(const Share& s, const float* x, char* ring, int slots, 
     const int chunk = first_chunk + j, slot = chunk % slots;
     const int rows = min(s.rows_per_chunk, s.rows - j * s.rows_per_chunk);
     const int first_unit = j * chunk_units, units = (rows + unit_rows - 1) / unit_rows;
-    WaitFor(&full[slot], (chunk / slots) & 1);
+    WaitForPhase(&full[slot], (chunk / slots) & 1);
     for (; unit < first_unit + units; unit += kConsumerWarps) {
       const int r = unit * unit_rows - j * s.rows_per_chunk;  // The unit's row in the chunk.
       const bool two = unit_rows == 2 && r + 1 < rows;
