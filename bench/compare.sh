@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Compares ttt-bench across variants of the tree on one machine, in one run: the tree as it is
+# ("base") and the tree with each patch applied (on its own, not stacked), each configuration run
+# by every variant in turn, ROUNDS times (default 2). Machines differ by about 1%, so only
+# variants timed in the same run compare to that.
+#
+#   bench/compare.sh OUT.json [PATCH...] -- TTT_BENCH_ARGS...
+#   bench/compare.sh bench/results/x.json a.patch b.patch -- --backend cuda --preset 1b --batch 1
+#
+# Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json:
+# the commit (COMMIT overrides it, as for bench/record.sh), the machine, the command, and a run
+# per variant and round with ttt-bench's results. Prints step p50 / p99 a line each.
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+  sed -n 's/^#   bench\/compare.sh OUT/usage: bench\/compare.sh OUT/p' "$0" | head -1 >&2
+  exit 2
+fi
+out=$1
+shift
+patches=()
+while [[ $# -gt 0 && $1 != -- ]]; do
+  patches+=("$(realpath "$1")")
+  shift
+done
+[[ $# -gt 0 ]] && shift  # The "--".
+bench_args=("$@")
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$root/build-compare
+bins=$(mktemp -d)
+trap 'rm -rf "$bins"' EXIT
+
+# shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} > /dev/null
+build_as() {
+  ninja -C "$build" bench/ttt-bench > "$bins/$1.build.log" 2>&1 ||
+    { tail -30 "$bins/$1.build.log" >&2; return 1; }
+  cp "$build/bench/ttt-bench" "$bins/$1"
+}
+variants=(base)
+build_as base
+for patch in "${patches[@]}"; do
+  name=$(basename "$patch" .patch)
+  git -C "$root" apply "$patch"
+  # The tree goes back to its own state even if the build fails.
+  if ! build_as "$name"; then
+    git -C "$root" apply -R "$patch"
+    exit 1
+  fi
+  git -C "$root" apply -R "$patch"
+  variants+=("$name")
+done
+
+runs=$bins/runs.jsonl
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for variant in "${variants[@]}"; do
+    "$bins/$variant" "${bench_args[@]}" | grep '^{' |
+      VARIANT=$variant ROUND=$round python3 -c '
+import json, os, sys
+variant, run = os.environ["VARIANT"], int(os.environ["ROUND"])
+results = [json.loads(line) for line in sys.stdin]
+print(json.dumps({"variant": variant, "round": run, "results": results}))
+for r in results:
+    model, batch, p50, p99 = r["model"], r["batch"], r["step_ms_p50"], r["step_ms_p99"]
+    print(f"{variant:>24} round {run}: {model} batch {batch}: step p50 {p50:.4f} ms, "
+          f"p99 {p99:.4f}", file=sys.stderr)' >> "$runs"
+  done
+done
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+GPU=$gpu COMMIT=${COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)} \
+  COMMAND="ttt-bench ${bench_args[*]}" PATCHES="${patches[*]}" python3 - "$out" "$runs" <<'PY'
+import datetime, json, os, sys
+out, runs = sys.argv[1], sys.argv[2]
+record = {
+    "commit": os.environ["COMMIT"],
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "gpu": os.environ["GPU"] or None,
+    "command": os.environ["COMMAND"],
+    "variants": ["base"] + [os.path.basename(p).removesuffix(".patch")
+                            for p in os.environ["PATCHES"].split()],
+    "runs": [json.loads(line) for line in open(runs)],
+}
+with open(out, "w") as f:
+    json.dump(record, f, indent=2)
+    f.write("\n")
+PY
+echo "compare: wrote $out" >&2
