@@ -6,13 +6,13 @@
 #
 #   tools/sanitize.sh memcheck|racecheck|synccheck|initcheck BINARY [GTEST_FILTER]
 #
-# JOBS tests run at once, each on a GPU of its own: job slot i uses GPU i mod GPUS (default: the
-# GPUs nvidia-smi lists; JOBS defaults to GPUS, as the tools slow each other on one GPU). Each test
-# runs for at most TIMEOUT seconds (default 900). Logs go to LOGS (default sanitize-logs/TOOL), a
-# file a test. COMPUTE_SANITIZER names the tool's executable (default: compute-sanitizer on PATH,
-# else /usr/local/cuda/bin/compute-sanitizer). The tests run in their short form
-# (TTT_SHORT_TESTS=1, unless set otherwise): the tools slow every kernel launch by orders of
-# magnitude, and the long decode tests' first 40 steps already reach every kernel path.
+# JOBS tests run at once, job slot i on GPU i mod GPUS (default: the GPUs nvidia-smi lists). JOBS
+# defaults to GPUS, a test a GPU, as the tools slow each other on one GPU. Each test runs for at
+# most TIMEOUT seconds (default 900). Logs go to LOGS (default sanitize-logs/TOOL), a file a
+# test. COMPUTE_SANITIZER names the tool's executable (default: compute-sanitizer on PATH, else
+# /usr/local/cuda/bin/compute-sanitizer). The tests run in their short form (TTT_SHORT_TESTS=1,
+# unless set otherwise): the tools slow every kernel launch by orders of magnitude, and the long
+# decode tests' first 40 steps already reach every kernel path.
 # Exits 1 if any test failed, timed out or was reported.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
