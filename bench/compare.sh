@@ -7,9 +7,9 @@
 #   bench/compare.sh OUT.json [PATCH...] -- TTT_BENCH_ARGS...
 #   bench/compare.sh bench/results/x.json a.patch b.patch -- --backend cuda --preset 1b --batch 1
 #
-# Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json:
-# the commit (COMMIT overrides it, as for bench/record.sh), the machine, the command, and a run
-# per variant and round with ttt-bench's results. Prints step p50 / p99 a line each.
+# Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json
+# (bench/record.py): the commit (COMMIT overrides it), the machine, the command, the variants, and
+# a run per variant and round with ttt-bench's results. Prints step p50 / p99 a line each.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
   sed -n 's/^#   bench\/compare.sh OUT/usage: bench\/compare.sh OUT/p' "$0" | head -1 >&2
@@ -66,22 +66,7 @@ for r in results:
   done
 done
 
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-GPU=$gpu COMMIT=${COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)} \
-  COMMAND="ttt-bench ${bench_args[*]}" PATCHES="${patches[*]}" python3 - "$out" "$runs" <<'PY'
-import datetime, json, os, sys
-out, runs = sys.argv[1], sys.argv[2]
-record = {
-    "commit": os.environ["COMMIT"],
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "gpu": os.environ["GPU"] or None,
-    "command": os.environ["COMMAND"],
-    "variants": ["base"] + [os.path.basename(p).removesuffix(".patch")
-                            for p in os.environ["PATCHES"].split()],
-    "runs": [json.loads(line) for line in open(runs)],
-}
-with open(out, "w") as f:
-    json.dump(record, f, indent=2)
-    f.write("\n")
-PY
+COMMIT=${COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || true)} \
+  python3 "$root/bench/record.py" "$out" "ttt-bench ${bench_args[*]}" --runs "$runs" \
+  --variants "${variants[@]}"
 echo "compare: wrote $out" >&2

@@ -7,22 +7,4 @@ out="$1"
 shift
 lines=$("$@")
 echo "$lines"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-LINES="$lines" GPU="$gpu" COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
-CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
-/usr/bin/python3 - "$out" "$*" <<'PY'
-import json, os, sys, datetime
-out, command = sys.argv[1], sys.argv[2]
-record = {
-    "commit": os.environ["COMMIT"],
-    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "gpu": os.environ["GPU"] or None,
-    "cpu": os.environ["CPU"],
-    "cpu_cores": os.cpu_count(),
-    "command": command,
-    "results": [json.loads(l) for l in os.environ["LINES"].splitlines() if l.startswith("{")],
-}
-with open(out, "w") as f:
-    json.dump(record, f, indent=2)
-    f.write("\n")
-PY
+echo "$lines" | python3 "$(dirname "$0")/record.py" "$out" "$*"
