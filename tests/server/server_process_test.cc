@@ -3,8 +3,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -107,20 +105,13 @@ TEST(ServerProcessTest, ServesThenDrainsOnSigterm) {
 // A flag with a value it does not know stops the server at start, exit status 1, and its message
 // names the flag.
 TEST(ServerProcessTest, AnUnknownFlagValueStopsItAtStartNamingTheFlag) {
-  const std::string command = absl::StrCat(TTT_SERVER_BINARY,
-                                           " --backend=cpu --port=0 --metrics-port=-1"
-                                           " --single-sequence-kernel=sometimes 2>&1");
-  FILE* server = popen(command.c_str(), "r");
-  ASSERT_NE(server, nullptr);
-  std::string output;
-  char buffer[256];
-  while (fgets(buffer, sizeof(buffer), server) != nullptr) output += buffer;
-  const int status = pclose(server);
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 1) << output;
-  EXPECT_NE(output.find("single_sequence_kernel: 'sometimes' is not auto, on or off"),
+  const testing::CommandResult server = testing::RunCommand(
+      absl::StrCat(TTT_SERVER_BINARY,
+                   " --backend=cpu --port=0 --metrics-port=-1 --single-sequence-kernel=sometimes"));
+  EXPECT_EQ(server.exit_code, 1) << server.output;
+  EXPECT_NE(server.output.find("single_sequence_kernel: 'sometimes' is not auto, on or off"),
             std::string::npos)
-      << output;
+      << server.output;
 }
 
 }  // namespace
