@@ -1,5 +1,7 @@
 // Loading model directories: every supported layout loads to the same model, and every kind of
 // broken file is an error naming the file and the tensor, never a crash or a wrong model.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +106,30 @@ class ModelFilesTest : public ::testing::Test {
   ModelConfig config_;
   std::string dir_;
 };
+
+// Random weights are drawn in blocks of 2^20 values on every core: they must still depend on the
+// seed alone, have their scale, and no block may repeat another's draws.
+TEST_F(ModelFilesTest, RandomWeightsDependOnTheSeedAlone) {
+  ModelConfig config = config_;
+  config.vocab_size = 40000;  // An embedding of 2.6M values: three blocks.
+  const ModelWeights weights = ModelWeights::Random(config, 3);
+  const ModelWeights again = ModelWeights::Random(config, 3);
+  const ModelWeights other = ModelWeights::Random(config, 4);
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    const std::span<const float> values = weights.Get(spec.name);
+    EXPECT_TRUE(std::ranges::equal(values, again.Get(spec.name))) << spec.name;
+    EXPECT_FALSE(std::ranges::equal(values, other.Get(spec.name))) << spec.name;
+  }
+  const std::span<const float> embedding = weights.Get("model.embed_tokens.weight");
+  ASSERT_EQ(embedding.size(), 40000u * config.hidden_size);
+  constexpr size_t kBlock = size_t{1} << 20;
+  EXPECT_FALSE(std::ranges::equal(embedding.subspan(0, 1000), embedding.subspan(kBlock, 1000)));
+  double sum = 0, sum_of_squares = 0;
+  for (const float v : embedding) sum += v, sum_of_squares += double(v) * v;
+  const double mean = sum / embedding.size();
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(std::sqrt(sum_of_squares / embedding.size() - mean * mean), 1.0, 0.01);
+}
 
 TEST_F(ModelFilesTest, F32FileGivesTheSameModel) {
   const ModelWeights weights = ModelWeights::Random(config_, 3);
