@@ -86,15 +86,73 @@ __device__ __forceinline__ void CopyW1Async(const float* base, const TttStateOff
   }
 }
 
+// Where a head's window lives in its layer state: θ0 (W1, b1) and the window's rows of keys,
+// gradients and step sizes.
+struct DecodeWindow {
+  float4* W1;
+  float4* b1;
+  float4* k;
+  float4* g1;
+  float* lr;
+};
+
+template <int kF>
+__device__ __forceinline__ DecodeWindow WindowOf(const TttScanParams& p, int head, float* base,
+                                                 const TttStateOffsets& off) {
+  constexpr int L = DecodeTile<kF>::kLanesPerRow;
+  return {reinterpret_cast<float4*>(base + off.W1) + head * kF * L,
+          reinterpret_cast<float4*>(base + off.b1) + head * L,
+          reinterpret_cast<float4*>(base + off.k) + head * p.K * L,
+          reinterpret_cast<float4*>(base + off.g1) + head * p.K * L, base + off.lr + head * p.K};
+}
+
+// After a window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
+// b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory and `bias`, the lane's channels of
+// b1 as DecodeLinearToken's tile deals them. Its rows may be shared by `warps` warps (this one
+// `warp` of them, each lane taking every warps-th of its rows; warp 0 b1), which must see the
+// window's last row of keys and gradients. Each lane reloads the window's gradients and step
+// sizes (L1 hits, once per window).
+template <int kF>
+__device__ __forceinline__ void CommitWindow(const TttScanParams& p, const DecodeWindow& window,
+                                             const float4* w1, float4 bias, int warp, int warps) {
+  using Tile = DecodeTile<kF>;
+  constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
+  const int K = p.K, lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
+  const float4* pg = window.g1;
+  const float* plr = window.lr;
+  const float* key_rows = reinterpret_cast<const float*>(window.k);
+  const float tau_last = p.tau[K - 1];
+  float4 scaled[kDecodeMaxWindow];
+  float4 bias_update = Broadcast4(0.0f);
+#pragma unroll
+  for (int j = 0; j < kDecodeMaxWindow; ++j) {
+    scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
+    bias_update = bias_update + scaled[j];
+  }
+#pragma unroll 4
+  for (int m = warp; m < Tile::kRowsPerLane; m += warps) {
+    const int d = ro + R * m;
+    float4 w = w1[d * L + cg];
+#pragma unroll
+    for (int j = 0; j < kDecodeMaxWindow; ++j) {
+      if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
+    }
+    window.W1[d * L + cg] = w;
+  }
+  if (warp == 0 && ro == 0) window.b1[cg] = bias - bias_update;
+}
+
 // The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
 // gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
-// and after the window's last token θ0 is committed. W1's copy into w1 (DecodeSharedBytes) must
-// be committed before the call; `release()` is called once w1 is no longer read.
-template <int kF, int kTaps, typename Release>
+// and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
+// or with others). W1's copy into w1 (DecodeSharedBytes) must be committed before the call;
+// `release()` is called once w1 is no longer read.
+template <int kF, int kTaps, typename Commit, typename Release>
 __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
                                                   const TttProjectionInputs& in, Segment seg,
                                                   int head, float* base, const TttStateOffsets& off,
-                                                  float4* w1, float* out_all, Release release) {
+                                                  float4* w1, float* out_all, Commit commit,
+                                                  Release release) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
   float4* shared_q = w1 + kF * L;
@@ -102,11 +160,10 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   const int K = p.K, D = p.nh * kF;
   const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
   const int r = static_cast<int>(seg.start % K);
-  float4* W1 = reinterpret_cast<float4*>(base + off.W1) + head * kF * L;
-  float4* b1 = reinterpret_cast<float4*>(base + off.b1) + head * L;
-  float4* pk = reinterpret_cast<float4*>(base + off.k) + head * K * L;
-  float4* pg = reinterpret_cast<float4*>(base + off.g1) + head * K * L;
-  float* plr = base + off.lr + head * K;
+  const DecodeWindow window = WindowOf<kF>(p, head, base, off);
+  float4* pk = window.k;
+  float4* pg = window.g1;
+  float* plr = window.lr;
 
   // The window's earlier tokens: this lane's rows j = ro + R·m < r (their gradients are loaded
   // once the keys are used, while W1 is in flight).
@@ -197,7 +254,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
     grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
   }
 
-  const float4 bias = b1[cg];
+  const float4 bias = window.b1[cg];
   const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
   const float4 beta = reinterpret_cast<const float4*>(p.ln_bias + head * kF)[cg];
   __pipeline_wait_prior(0);
@@ -255,31 +312,10 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
     reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
         q4 + gamma * (out_inv_std * out_centred) + beta;
   }
-  // After the window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
-  // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory. Each lane updates its rows for
-  // every token of the window, so it reloads their gradients (L1 hits, once per window).
+  // After the window's last token θ0 becomes θ̄ (CommitWindow): here, or by the caller's warps.
   if (commits) {
     __syncwarp();  // This token's row of keys and gradients, stored above, is visible.
-    const float tau_last = p.tau[K - 1];
-    float4 scaled[kDecodeMaxWindow];
-    float4 bias_update = Broadcast4(0.0f);
-#pragma unroll
-    for (int j = 0; j < kDecodeMaxWindow; ++j) {
-      scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
-      bias_update = bias_update + scaled[j];
-    }
-    const float* key_rows = reinterpret_cast<const float*>(pk);
-#pragma unroll 4
-    for (int m = 0; m < Tile::kRowsPerLane; ++m) {
-      const int d = ro + R * m;
-      float4 w = w1[d * L + cg];
-#pragma unroll
-      for (int j = 0; j < kDecodeMaxWindow; ++j) {
-        if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
-      }
-      W1[d * L + cg] = w;
-    }
-    if (ro == 0) b1[cg] = bias - bias_update;
+    commit(window, bias);
     __syncwarp();
     release();
   }

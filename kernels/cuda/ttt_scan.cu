@@ -326,8 +326,12 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   WaitForPreviousKernel();
   while (item < num_items) {
     const int next = next_live(item + gridDim.x);
-    DecodeLinearToken<kF, kTaps>(p, in, segments[item / p.nh], item % p.nh, state_of(item), off,
-                                 w1, out_all, [&] { copy_w1(next); });
+    DecodeLinearToken<kF, kTaps>(
+        p, in, segments[item / p.nh], item % p.nh, state_of(item), off, w1, out_all,
+        [&](const DecodeWindow& window, float4 bias) {
+          CommitWindow<kF>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
+        },
+        [&] { copy_w1(next); });
     item = next;
   }
 }
