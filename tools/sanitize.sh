@@ -21,8 +21,8 @@ if [[ $# -lt 2 ]]; then
 fi
 tool=$1 binary=$2 filter=${3:-*}
 export TOOL=$tool BINARY=$binary TIMEOUT=${TIMEOUT:-900} LOGS=${LOGS:-sanitize-logs/$tool}
-sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-export SANITIZER=$sanitizer
+default_sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+export SANITIZER=${COMPUTE_SANITIZER:-$default_sanitizer}
 gpus=${GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}
 export GPUS=$gpus TTT_SHORT_TESTS=${TTT_SHORT_TESTS:-1}
 jobs=${JOBS:-$((gpus > 0 ? gpus : 1))}

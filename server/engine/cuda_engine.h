@@ -30,8 +30,8 @@ struct CudaEngineOptions {
   // Decode steps of a single sequence can run every layer in one persistent kernel
   // (cu::SequenceStep, TTT-Linear models) instead of a kernel per stage, as larger batches run.
   // Which is faster depends on the model (bench/README.md, v20–v21: the one kernel is 8% faster
-  // at 1b, 12% slower at 125m), so by default the engine times both at start wherever the model fits
-  // the kernel and keeps the faster. Otherwise: never (kOff), wherever the model fits it, or
+  // at 1b, 12% slower at 125m), so by default the engine times both at start wherever the model
+  // fits the kernel and keeps the faster. Otherwise: never (kOff), wherever the model fits it, or
   // always, creation failing for a model it does not cover (kRequired).
   enum class SingleSequenceKernel { kWhereFaster, kOff, kWhereItFits, kRequired };
   SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kWhereFaster;
