@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -497,6 +498,54 @@ TEST(CudaSequenceStepTest, AModelItDoesNotCoverFallsBackOrIsRefused) {
         agreement.Add(gpu_logits, cpu_logits);
       }));
   EXPECT_LE(agreement.relative(), 2e-2);
+}
+
+// The single-sequence kernel runs each head in a block of its own beside blocks that run none, so
+// it needs fewer heads than the GPU has SMs. With one head fewer a model decodes through it; with
+// as many it falls back to the kernels per stage, or is refused where the kernel is required.
+// Either way it decodes as the CPU engine does.
+TEST(CudaSequenceStepTest, AsManyHeadsAsSmsFallBackToTheKernelsPerStage) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  using Choice = CudaEngineOptions::SingleSequenceKernel;
+  for (const int heads : {sms - 1, sms}) {
+    ModelConfig c;
+    c.vocab_size = 97;
+    c.hidden_size = 16 * heads;
+    c.num_attention_heads = heads;
+    c.intermediate_size = 64;
+    c.num_hidden_layers = 1;
+    c.share_qk = true;
+    c.pre_conv = true;
+    auto model = testing::RandomModel(c, 5);
+    const bool fits = heads < sms;
+    auto required = CreateCudaEngine(model, {.precision = WeightPrecision::kFloat32,
+                                             .max_sequences = 4,
+                                             .single_sequence_kernel = Choice::kRequired});
+    EXPECT_EQ(required.ok(), fits) << heads << " heads: " << required.status();
+    if (!fits) {
+      EXPECT_EQ(required.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(required.status().message().find("single_sequence_kernel"), std::string::npos);
+    }
+    auto engine = CreateCudaEngine(model, {.precision = WeightPrecision::kFloat32,
+                                           .max_sequences = 4,
+                                           .single_sequence_kernel = Choice::kWhereItFits});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->single_sequence_decode(),
+              fits ? "one kernel" : "kernels per stage (the one kernel does not cover this model)");
+    CpuEngine cpu(model);
+    float worst = 0;
+    ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+        cpu, **engine, c.vocab_size, {9}, /*steps=*/20, LogitsFor::kNone, 5,
+        [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+          worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+        }));
+    std::printf("[sequence-step] %d heads on %d SMs: %s, max|Δ| %.3g\n", heads, sms,
+                (*engine)->single_sequence_decode().c_str(), worst);
+    EXPECT_LE(worst, 1e-3f);
+  }
 }
 
 // A decode step of more (sequence, head) pairs than the device holds warps at once, so that each
