@@ -151,6 +151,13 @@ void RunSideBySide(
   }
 }
 
+// A `compare` for RunSideBySide that keeps the largest |Δ| between the engines' logits in *worst.
+auto KeepLargestGap(float* worst) {
+  return [worst](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+    *worst = std::max(*worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+  };
+}
+
 // The bf16 bounds' measures over rows of logits: ‖out − ref‖ / ‖ref‖, and how many rows agree on
 // their argmax.
 struct Bf16Agreement {
@@ -274,11 +281,8 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   // Five sequences: the decode step runs in the graph of bucket 8, three rows idle.
   const int steps = DecodeSteps(300);
   float worst = 0;
-  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-      cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, steps, LogitsFor::kEveryToken, flags,
-      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
-        worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
-      }));
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, steps,
+                                        LogitsFor::kEveryToken, flags, KeepLargestGap(&worst)));
   std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over %d steps\n",
               inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst, steps);
   EXPECT_LE(worst, 1e-3f);
@@ -449,11 +453,8 @@ TEST(CudaSequenceStepTest, ByDefaultALoneSequenceDecodesThroughThePathTimedFaste
 
   CpuEngine cpu(model);
   float worst = 0;
-  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-      cpu, **chosen, c.vocab_size, {9}, /*steps=*/40, LogitsFor::kNone, 41,
-      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
-        worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
-      }));
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, **chosen, c.vocab_size, {9}, /*steps=*/40,
+                                        LogitsFor::kNone, 41, KeepLargestGap(&worst)));
   EXPECT_LE(worst, 1e-3f);
 
   using Choice = CudaEngineOptions::SingleSequenceKernel;
@@ -537,11 +538,8 @@ TEST(CudaSequenceStepTest, AsManyHeadsAsSmsFallBackToTheKernelsPerStage) {
               fits ? "one kernel" : "kernels per stage (the one kernel does not cover this model)");
     CpuEngine cpu(model);
     float worst = 0;
-    ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-        cpu, **engine, c.vocab_size, {9}, /*steps=*/20, LogitsFor::kNone, 5,
-        [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
-          worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
-        }));
+    ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, **engine, c.vocab_size, {9}, /*steps=*/20,
+                                          LogitsFor::kNone, 5, KeepLargestGap(&worst)));
     std::printf("[sequence-step] %d heads on %d SMs: %s, max|Δ| %.3g\n", heads, sms,
                 (*engine)->single_sequence_decode().c_str(), worst);
     EXPECT_LE(worst, 1e-3f);
