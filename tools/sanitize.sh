@@ -7,7 +7,8 @@
 #   tools/sanitize.sh memcheck|racecheck|synccheck|initcheck BINARY [GTEST_FILTER]
 #
 # JOBS tests run at once, job slot i on GPU i mod GPUS (default: the GPUs nvidia-smi lists). JOBS
-# defaults to GPUS, a test a GPU, as the tools slow each other on one GPU. Each test runs for at
+# defaults to GPUS, a test a GPU: on one GPU the tools slow each other, and racecheck processes
+# sharing an H200 have ended mid-test without a report (each was clean alone). Each test runs for at
 # most TIMEOUT seconds (default 900). Logs go to LOGS (default sanitize-logs/TOOL), a file a
 # test. COMPUTE_SANITIZER names the tool's executable (default: compute-sanitizer on PATH, else
 # /usr/local/cuda/bin/compute-sanitizer). The tests run in their short form (TTT_SHORT_TESTS=1,
