@@ -1,0 +1,317 @@
+// Whether a decode step at batch 256 could overlap its two kinds of work by splitting the batch
+// into two lanes, each a stream whose kernels keep to part of the GPU. The TTT step streams every
+// (sequence, head)'s state from memory; the dense products are short chains of tensor-core
+// kernels bound by their latency more than by bytes. Run one after the other (the engine now),
+// a layer costs the sum. Kernels on separate streams took turns rather than overlapped (v12, v15)
+// because each filled every SM; here each kernel is held to a share of the SMs: the state kernel
+// by its grid (a block of 1,024 threads an SM, kept alone there by its shared memory), cuBLASLt's
+// products by CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET. A synthetic step with a preset's shapes
+// and bytes, captured in a CUDA graph, all layers:
+//   state        each (sequence, head) reads 24 KB and writes 2 KB (a head's W1, window and conv
+//                history at f = 64, and a row), a warp an item;
+//   products     in_proj, o_proj (added into its output), gate_up, down (added), bf16 weights
+//                and inputs, float32 outputs, as the engine plans them;
+//   serial       a layer's state, then its products, on one stream: the engine's order;
+//   lanes        half the sequences each: lane A a layer's state then its products, lane B its
+//                products then its state, so each lane's state streams while the other's
+//                products run.
+// Halves ("_half") run alone as well, each on its share of SMs.
+// Prints one JSON line per (preset, case, SM shares): µs a layer, median of 15 graph launches.
+//   ttt-lanes [125m|1b ...]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench/cuda_check.h"
+
+namespace {
+
+constexpr int kBatch = 256, kHalf = kBatch / 2;
+constexpr int kWarp = 32, kStateThreads = 1024, kStateWarps = kStateThreads / kWarp;
+constexpr int kReadPieces = 24 * 1024 / 16, kWritePieces = 2 * 1024 / 16;  // float4s an item.
+// More than half of an SM's shared memory, so that no other block of this kernel or of
+// cuBLASLt's (~200 KB) shares its SM: the grid is the SMs it takes.
+constexpr size_t kStateSharedBytes = 116 * 1024;
+
+struct Preset {
+  const char* name;
+  int hidden, intermediate, heads, layers;
+};
+constexpr Preset kPresets[] = {{"125m", 768, 2048, 12, 12}, {"1b", 2048, 5504, 32, 24}};
+
+// Items [first, first + count) of a layer: (sequence, head) pairs, a warp each, grid-strided.
+__global__ void __launch_bounds__(kStateThreads)
+    StreamState(const float4* state, float4* rows, int first, int count, int heads, int layers,
+                int layer) {
+  const int lane = threadIdx.x % kWarp;
+  const int warps = gridDim.x * kStateWarps;
+  for (int i = blockIdx.x * kStateWarps + threadIdx.x / kWarp; i < count; i += warps) {
+    const int item = first + i, sequence = item / heads, head = item % heads;
+    const size_t at = (static_cast<size_t>(sequence) * layers + layer) * heads + head;
+    const float4* in = state + at * kReadPieces;
+    float sum = 0.0f;
+#pragma unroll 8
+    for (int p = lane; p < kReadPieces; p += kWarp) {
+      const float4 v = in[p];
+      sum += (v.x + v.y) + (v.z + v.w);
+    }
+    for (int p = lane; p < kWritePieces; p += kWarp) {
+      rows[at * kWritePieces + p] = make_float4(sum, 0.0f, 0.0f, 0.0f);
+    }
+  }
+}
+
+// A product's cuBLASLt plan, as server/engine/cuda_gemm.cc makes it, for `rows` rows and kernels
+// sized for `sms` SMs (0: all).
+struct Plan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t w, x, y;
+  cublasLtMatmulAlgo_t algo;
+  bool accumulate;
+};
+
+Plan MakePlan(cublasLtHandle_t handle, int rows, int in, int out, bool accumulate, int sms,
+              size_t workspace_bytes) {
+  Plan plan{};
+  plan.accumulate = accumulate;
+  CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
+                                              sizeof(transpose)));
+  const int32_t sm_target = sms;
+  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                              &sm_target, sizeof(sm_target)));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_16BF, in, out, in));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_16BF, in, rows, in));
+  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, out, rows, out));
+  cublasLtMatmulPreference_t preference;
+  CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
+  const uint64_t bytes = workspace_bytes;
+  CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
+  cublasLtMatmulHeuristicResult_t chosen{};
+  int found = 0;
+  CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.w, plan.x, plan.y, plan.y,
+                                              preference, 1, &chosen, &found));
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (found == 0) {
+    std::fprintf(stderr, "no cuBLASLt kernel for %d × %d by %d\n", rows, in, out);
+    std::exit(1);
+  }
+  plan.algo = chosen.algo;
+  return plan;
+}
+
+void Destroy(const std::vector<Plan>& plans) {
+  for (const Plan& plan : plans) {
+    cublasLtMatrixLayoutDestroy(plan.y);
+    cublasLtMatrixLayoutDestroy(plan.x);
+    cublasLtMatrixLayoutDestroy(plan.w);
+    cublasLtMatmulDescDestroy(plan.desc);
+  }
+}
+
+struct Step {
+  const Preset& preset;
+  cublasLtHandle_t handle;
+  size_t workspace_bytes;
+  void* workspace[2];  // A lane each: two products running at once may not share one.
+  const float4* state;
+  float4* rows;
+  const __nv_bfloat16* weights;  // [layers][in_proj, o_proj, gate_up, down]
+  size_t layer_weights;
+  const __nv_bfloat16* x;  // [kBatch][intermediate]: every product's input.
+  float* y;                // [kBatch][widest output]
+  int product_in[4], product_out[4];
+  size_t weight_offset[4];
+
+  // The state kernel for sequences [first, first + count) on `blocks` SMs.
+  void State(int layer, int first, int count, int blocks, cudaStream_t stream) const {
+    const int heads = preset.heads;
+    StreamState<<<blocks, kStateThreads, kStateSharedBytes, stream>>>(
+        state, rows, first * heads, count * heads, heads, preset.layers, layer);
+    CHECK_CUDA(cudaGetLastError());
+  }
+
+  // A layer's four products for rows [first, first + plans' rows), with the given plans.
+  void Products(int layer, int first, const std::vector<Plan>& plans, int lane,
+                cudaStream_t stream) const {
+    for (int p = 0; p < 4; ++p) {
+      const float alpha = 1.0f, beta = plans[p].accumulate ? 1.0f : 0.0f;
+      const __nv_bfloat16* w = weights + layer * layer_weights + weight_offset[p];
+      const __nv_bfloat16* xs = x + static_cast<size_t>(first) * product_in[p];
+      float* ys = y + static_cast<size_t>(first) * product_out[p];
+      CHECK_CUBLAS(cublasLtMatmul(handle, plans[p].desc, &alpha, w, plans[p].w, xs, plans[p].x,
+                                  &beta, ys, plans[p].y, ys, plans[p].y, &plans[p].algo,
+                                  workspace[lane], workspace_bytes, stream));
+    }
+  }
+
+  std::vector<Plan> Plans(int rows, int product_sms) const {
+    std::vector<Plan> plans;
+    for (int p = 0; p < 4; ++p) {
+      plans.push_back(MakePlan(handle, rows, product_in[p], product_out[p], p == 1 || p == 3,
+                               product_sms, workspace_bytes));
+    }
+    return plans;
+  }
+};
+
+// The median µs a layer of 15 launches of the graph that `enqueue` captures on two streams
+// (the second forked from the first and joined back).
+float TimeGraph(const Step& step, cudaStream_t a, cudaStream_t b,
+                const std::function<void()>& enqueue) {
+  cudaEvent_t fork, join, start, stop;
+  for (cudaEvent_t* e : {&fork, &join, &start, &stop}) CHECK_CUDA(cudaEventCreate(e));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(cudaEventRecord(fork, a));
+  CHECK_CUDA(cudaStreamWaitEvent(b, fork));
+  enqueue();
+  CHECK_CUDA(cudaEventRecord(join, b));
+  CHECK_CUDA(cudaStreamWaitEvent(a, join));
+  CHECK_CUDA(cudaStreamEndCapture(a, &graph));
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<float> times;
+  for (int run = 0; run < 17; ++run) {
+    CHECK_CUDA(cudaEventRecord(start, a));
+    CHECK_CUDA(cudaGraphLaunch(exec, a));
+    CHECK_CUDA(cudaEventRecord(stop, a));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (run >= 2) times.push_back(ms);  // The first two warm the graph up.
+  }
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  for (cudaEvent_t e : {fork, join, start, stop}) CHECK_CUDA(cudaEventDestroy(e));
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return 1000.0f * times[times.size() / 2] / step.preset.layers;
+}
+
+void Print(const char* gpu, const Preset& preset, const char* name, int state_sms, int product_sms,
+           float us) {
+  std::printf(
+      "{\"gpu\":\"%s\",\"preset\":\"%s\",\"case\":\"%s\",\"batch\":%d,\"state_sms\":%d,"
+      "\"product_sms\":%d,\"us_per_layer\":%.2f}\n",
+      gpu, preset.name, name, kBatch, state_sms, product_sms, us);
+  std::fflush(stdout);
+}
+
+void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t handle) {
+  const int H = preset.hidden, I = preset.intermediate, L = preset.layers,
+            sms = device.multiProcessorCount;
+  const int in[4] = {H, H, H, I}, out[4] = {3 * H + preset.heads, H, 2 * I, H};
+  size_t layer_weights = 0, offsets[4];
+  for (int p = 0; p < 4; ++p) {
+    offsets[p] = layer_weights;
+    layer_weights += static_cast<size_t>(in[p]) * out[p];
+  }
+  const size_t items = static_cast<size_t>(kBatch) * L * preset.heads;
+  float4 *state, *rows;
+  __nv_bfloat16 *weights, *x;
+  float* y;
+  void* workspace[2];
+  const size_t workspace_bytes = size_t{32} << 20;
+  CHECK_CUDA(cudaMalloc(&state, items * kReadPieces * sizeof(float4)));
+  CHECK_CUDA(cudaMalloc(&rows, items * kWritePieces * sizeof(float4)));
+  CHECK_CUDA(cudaMalloc(&weights, L * layer_weights * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(kBatch) * I * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(kBatch) * 2 * I * sizeof(float)));
+  for (void*& w : workspace) CHECK_CUDA(cudaMalloc(&w, workspace_bytes));
+  // Small finite values (bf16 0x3c3c is ~0.011): only time is measured.
+  CHECK_CUDA(cudaMemset(state, 0, items * kReadPieces * sizeof(float4)));
+  CHECK_CUDA(cudaMemset(weights, 0x3c, L * layer_weights * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(kBatch) * I * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMemset(y, 0, static_cast<size_t>(kBatch) * 2 * I * sizeof(float)));
+
+  Step step{preset,
+            handle,
+            workspace_bytes,
+            {workspace[0], workspace[1]},
+            state,
+            rows,
+            weights,
+            layer_weights,
+            x,
+            y,
+            {},
+            {},
+            {}};
+  for (int p = 0; p < 4; ++p) {
+    step.product_in[p] = in[p];
+    step.product_out[p] = out[p];
+    step.weight_offset[p] = offsets[p];
+  }
+  cudaStream_t a, b;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+
+  const std::vector<Plan> whole = step.Plans(kBatch, 0);
+  Print(device.name, preset, "state", sms, 0, TimeGraph(step, a, b, [&] {
+          for (int l = 0; l < L; ++l) step.State(l, 0, kBatch, sms, a);
+        }));
+  Print(device.name, preset, "products", 0, sms, TimeGraph(step, a, b, [&] {
+          for (int l = 0; l < L; ++l) step.Products(l, 0, whole, 0, a);
+        }));
+  Print(device.name, preset, "serial", sms, sms, TimeGraph(step, a, b, [&] {
+          for (int l = 0; l < L; ++l) {
+            step.State(l, 0, kBatch, sms, a);
+            step.Products(l, 0, whole, 0, a);
+          }
+        }));
+  for (const int state_sms : {sms / 4, sms / 3, sms / 2}) {
+    const int product_sms = sms - state_sms;
+    const std::vector<Plan> half = step.Plans(kHalf, product_sms);
+    Print(device.name, preset, "state_half", state_sms, 0, TimeGraph(step, a, b, [&] {
+            for (int l = 0; l < L; ++l) step.State(l, 0, kHalf, state_sms, a);
+          }));
+    Print(device.name, preset, "products_half", 0, product_sms, TimeGraph(step, a, b, [&] {
+            for (int l = 0; l < L; ++l) step.Products(l, 0, half, 0, a);
+          }));
+    Print(device.name, preset, "lanes", state_sms, product_sms, TimeGraph(step, a, b, [&] {
+            for (int l = 0; l < L; ++l) {
+              step.State(l, 0, kHalf, state_sms, a);
+              step.Products(l, 0, half, 0, a);
+              step.Products(l, kHalf, half, 1, b);
+              step.State(l, kHalf, kHalf, state_sms, b);
+            }
+          }));
+    Destroy(half);
+  }
+  Destroy(whole);
+  CHECK_CUDA(cudaStreamDestroy(a));
+  CHECK_CUDA(cudaStreamDestroy(b));
+  for (void* w : workspace) CHECK_CUDA(cudaFree(w));
+  for (void* p : {static_cast<void*>(state), static_cast<void*>(rows), static_cast<void*>(weights),
+                  static_cast<void*>(x), static_cast<void*>(y)}) {
+    CHECK_CUDA(cudaFree(p));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cudaDeviceProp device;
+  CHECK_CUDA(cudaGetDeviceProperties(&device, 0));
+  CHECK_CUDA(cudaFuncSetAttribute(StreamState, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kStateSharedBytes));
+  cublasLtHandle_t handle;
+  CHECK_CUBLAS(cublasLtCreate(&handle));
+  for (const Preset& preset : kPresets) {
+    bool chosen = argc == 1;
+    for (int i = 1; i < argc; ++i) chosen |= std::strcmp(argv[i], preset.name) == 0;
+    if (chosen) Run(preset, device, handle);
+  }
+  cublasLtDestroy(handle);
+  return 0;
+}
