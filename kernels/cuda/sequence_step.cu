@@ -430,8 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     if (blockIdx.x < nh && seg.start % layer.ttt.K == layer.ttt.K - 1) {
       ConsumersSync();  // The window's last keys and gradients are visible to every warp.
       const DecodeWindow window = WindowOf<kF>(layer.ttt, blockIdx.x, base, a.offsets);
-      const float4 bias = window.b1[threadIdx.x % kWarp % DecodeTile<kF>::kLanesPerRow];
-      CommitWindow<kF>(layer.ttt, window, w1, bias, warp, kConsumerWarps);
+      CommitWindow<kF>(layer.ttt, window, w1, LaneBias<kF>(window), warp, kConsumerWarps);
     }
     ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
 

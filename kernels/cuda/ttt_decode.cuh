@@ -106,9 +106,16 @@ __device__ __forceinline__ DecodeWindow WindowOf(const TttScanParams& p, int hea
           reinterpret_cast<float4*>(base + off.g1) + head * p.K * L, base + off.lr + head * p.K};
 }
 
+// This lane's channels of b1 as DecodeLinearToken's tile deals them, which CommitWindow takes.
+template <int kF>
+__device__ __forceinline__ float4 LaneBias(const DecodeWindow& window) {
+  const int lane = threadIdx.x % kWarp;
+  return window.b1[lane % DecodeTile<kF>::kLanesPerRow];
+}
+
 // After a window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
 // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory and `bias`, the lane's channels of
-// b1 as DecodeLinearToken's tile deals them. Its rows may be shared by `warps` warps (this one
+// b1 (LaneBias). Its rows may be shared by `warps` warps (this one
 // `warp` of them, each lane taking every warps-th of its rows; warp 0 b1), which must see the
 // window's last row of keys and gradients. Each lane reloads the window's gradients and step
 // sizes (L1 hits, once per window).
@@ -254,7 +261,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
     grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
   }
 
-  const float4 bias = window.b1[cg];
+  const float4 bias = LaneBias<kF>(window);
   const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
   const float4 beta = reinterpret_cast<const float4*>(p.ln_bias + head * kF)[cg];
   __pipeline_wait_prior(0);
