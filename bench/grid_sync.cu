@@ -9,9 +9,11 @@
 //              stages would do if each value that crosses blocks carried its round.
 // Each runs with warp 0 idle, and with warp 0 streaming 32 KB chunks of a large buffer into shared
 // memory the whole time (cp.async.bulk, 1 to 4 chunks in flight), as the step kernel's producer
-// streams the weights: the waits' loads then queue behind the stream.
-// Prints one JSON line per (mode, chunks in flight): microseconds a round and the stream's GB/s,
-// medians of 11 launches.
+// streams the weights: the waits' loads then queue behind the stream. The barrier also runs beside
+// smaller chunks, one or two in flight: fewer bytes in flight queue less ahead of its loads, and
+// stream less.
+// Prints one JSON line per (mode, chunk size, chunks in flight): microseconds a round and the
+// stream's GB/s, medians of 11 launches.
 //   ttt-grid-sync [rounds]
 #include <cuda_runtime.h>
 
@@ -30,7 +32,8 @@ namespace {
 namespace cu = ttt::kernels::cuda;
 
 constexpr int kThreads = 256, kWarp = 32, kMeetingThreads = kThreads - kWarp;
-constexpr int kSlots = 4, kSlotBytes = 32 * 1024;  // The ring: up to kSlots chunks in flight.
+// The ring: up to kSlots chunks in flight, of up to kSlotBytes each.
+constexpr int kSlots = 4, kSlotBytes = 32 * 1024;
 constexpr size_t kStreamBytesPerBlock = 16 << 20;  // Read over and over while the rounds run.
 
 enum class Mode { kBarrier, kTagged };
@@ -57,22 +60,23 @@ __device__ __forceinline__ void MeetingSync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kMeetingThreads) : "memory");
 }
 
-// Warp 0's lane 0 streams its block's part of `stream` through `depth` slots of the ring until
-// `*done`, then waits for the copies in flight (none may land after the block has gone). Returns
-// the chunks it streamed.
-__device__ int Stream(const char* stream, int depth, char* ring, uint64_t* full,
+// Warp 0's lane 0 streams its block's part of `stream` in chunks of `chunk_bytes` through `depth`
+// slots of the ring until `*done`, then waits for the copies in flight (none may land after the
+// block has gone). Returns the chunks it streamed.
+__device__ int Stream(const char* stream, int depth, int chunk_bytes, char* ring, uint64_t* full,
                       volatile int* done) {
   const char* part = stream + blockIdx.x * kStreamBytesPerBlock;
+  const int chunks_in_part = kStreamBytesPerBlock / chunk_bytes;
   auto wait_for = [&](int chunk) { cu::WaitForPhase(&full[chunk % depth], (chunk / depth) & 1); };
   int chunk = 0;
   for (; !*done; ++chunk) {
     if (chunk >= depth) wait_for(chunk - depth);
     uint64_t* slot_full = &full[chunk % depth];
     ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
-                                           ::cuda::ptx::space_shared, slot_full, kSlotBytes);
-    const size_t offset = static_cast<size_t>(chunk) * kSlotBytes % kStreamBytesPerBlock;
+                                           ::cuda::ptx::space_shared, slot_full, chunk_bytes);
+    const size_t offset = static_cast<size_t>(chunk % chunks_in_part) * chunk_bytes;
     ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
-                               ring + chunk % depth * kSlotBytes, part + offset, kSlotBytes,
+                               ring + chunk % depth * kSlotBytes, part + offset, chunk_bytes,
                                slot_full);
   }
   for (int c = max(0, chunk - depth); c < chunk; ++c) wait_for(c);
@@ -80,8 +84,8 @@ __device__ int Stream(const char* stream, int depth, char* ring, uint64_t* full,
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    Meet(Mode mode, int depth, int rounds, unsigned* arrivals, uint64_t* words, const char* stream,
-         unsigned long long* chunks, float* sink) {
+    Meet(Mode mode, int depth, int chunk_bytes, int rounds, unsigned* arrivals, uint64_t* words,
+         const char* stream, unsigned long long* chunks, float* sink) {
   extern __shared__ __align__(128) char shared[];
   __shared__ uint64_t full[kSlots];
   __shared__ int done;
@@ -93,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < kWarp) {
     if (threadIdx.x == 0 && depth > 0) {
-      atomicAdd(chunks, Stream(stream, depth, shared, full, &done));
+      atomicAdd(chunks, Stream(stream, depth, chunk_bytes, shared, full, &done));
     }
     return;
   }
@@ -132,11 +136,12 @@ struct Run {
   double stream_gb_per_s = 0;
 };
 
-Run Launch(Setup s, Mode mode, int depth) {
+Run Launch(Setup s, Mode mode, int depth, int chunk_bytes) {
   CHECK_CUDA(cudaMemset(s.arrivals, 0, sizeof(unsigned)));
   CHECK_CUDA(cudaMemset(s.words, 0, 2 * s.sms * sizeof(uint64_t)));
   CHECK_CUDA(cudaMemset(s.chunks, 0, sizeof(unsigned long long)));
-  void* args[] = {&mode, &depth, &s.rounds, &s.arrivals, &s.words, &s.stream, &s.chunks, &s.sink};
+  void* args[] = {&mode,    &depth,    &chunk_bytes, &s.rounds, &s.arrivals,
+                  &s.words, &s.stream, &s.chunks,    &s.sink};
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
@@ -151,7 +156,7 @@ Run Launch(Setup s, Mode mode, int depth) {
   CHECK_CUDA(cudaEventDestroy(stop));
   unsigned long long chunks = 0;
   CHECK_CUDA(cudaMemcpy(&chunks, s.chunks, sizeof(chunks), cudaMemcpyDeviceToHost));
-  run.stream_gb_per_s = 1e-6 * static_cast<double>(chunks) * kSlotBytes / run.ms;
+  run.stream_gb_per_s = 1e-6 * static_cast<double>(chunks) * chunk_bytes / run.ms;
   return run;
 }
 
@@ -171,24 +176,28 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMemset(s.stream, 1, s.sms * kStreamBytesPerBlock));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  for (const Mode mode : {Mode::kBarrier, Mode::kTagged}) {
-    for (int depth = 0; depth <= kSlots; ++depth) {
-      Launch(s, mode, depth);  // Warm-up.
-      std::vector<float> ms;
-      std::vector<double> gb_per_s;
-      for (int i = 0; i < 11; ++i) {
-        const Run run = Launch(s, mode, depth);
-        ms.push_back(run.ms);
-        gb_per_s.push_back(run.stream_gb_per_s);
-      }
-      std::sort(ms.begin(), ms.end());
-      std::sort(gb_per_s.begin(), gb_per_s.end());
-      std::printf(
-          "{\"gpu\":\"%s\",\"blocks\":%d,\"mode\":\"%s\",\"chunks_in_flight\":%d,"
-          "\"rounds\":%d,\"us_per_round\":%.4f,\"stream_gb_per_s\":%.0f}\n",
-          prop.name, s.sms, mode == Mode::kBarrier ? "barrier" : "tagged", depth, s.rounds,
-          1e3 * ms[ms.size() / 2] / s.rounds, gb_per_s[gb_per_s.size() / 2]);
+  auto measure = [&](Mode mode, int depth, int chunk_bytes) {
+    Launch(s, mode, depth, chunk_bytes);  // Warm-up.
+    std::vector<float> ms;
+    std::vector<double> gb_per_s;
+    for (int i = 0; i < 11; ++i) {
+      const Run run = Launch(s, mode, depth, chunk_bytes);
+      ms.push_back(run.ms);
+      gb_per_s.push_back(run.stream_gb_per_s);
     }
+    std::sort(ms.begin(), ms.end());
+    std::sort(gb_per_s.begin(), gb_per_s.end());
+    std::printf(
+        "{\"gpu\":\"%s\",\"blocks\":%d,\"mode\":\"%s\",\"chunk_bytes\":%d,"
+        "\"chunks_in_flight\":%d,\"rounds\":%d,\"us_per_round\":%.4f,\"stream_gb_per_s\":%.0f}\n",
+        prop.name, s.sms, mode == Mode::kBarrier ? "barrier" : "tagged", chunk_bytes, depth,
+        s.rounds, 1e3 * ms[ms.size() / 2] / s.rounds, gb_per_s[gb_per_s.size() / 2]);
+  };
+  for (const Mode mode : {Mode::kBarrier, Mode::kTagged}) {
+    for (int depth = 0; depth <= kSlots; ++depth) measure(mode, depth, kSlotBytes);
+  }
+  for (const int chunk_bytes : {8 << 10, 16 << 10, 24 << 10}) {
+    for (int depth = 1; depth <= 2; ++depth) measure(Mode::kBarrier, depth, chunk_bytes);
   }
   return 0;
 }
