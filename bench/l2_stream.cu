@@ -1,0 +1,106 @@
+// How fast the SMs bring bytes into shared memory with bulk copies (cp.async.bulk, as products fed
+// by TMA load their tiles), from L2 and from DRAM. A decode product at 256 rows is bound by this
+// more than by DRAM: it reads each weight tile once per row tile and each activation tile once per
+// column tile, mostly from L2. One block an SM; its lane 0 keeps `depth` chunks in flight into a
+// ring in shared memory, 8 MB a block in all, over one of two patterns:
+//   spread   each block its own part of a set of bytes (each byte read by one SM);
+//   shared   every block the whole set, from its own starting point (an activation tile that
+//            every column tile reads).
+// Sets of 8 and 24 MB stay in L2 (50 MB on an H200); 2 GB comes from DRAM.
+// Prints one JSON line per (pattern, set, chunk, depth): GB/s in all and per SM, medians of 11
+// launches.
+//   ttt-l2-stream
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cuda/ptx>
+#include <vector>
+
+#include "bench/cuda_check.h"
+#include "kernels/cuda/grid_sync.cuh"
+
+namespace {
+
+constexpr int kMaxDepth = 6, kMaxChunk = 32 * 1024;
+constexpr size_t kBytesPerBlock = size_t{8} << 20;
+
+enum class Pattern { kSpread, kShared };
+
+__global__ void __launch_bounds__(32, 1)
+    Stream(const char* set, size_t set_bytes, Pattern pattern, int chunk_bytes, int depth) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ uint64_t full[kMaxDepth];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < depth; ++s) ::cuda::ptx::mbarrier_init(&full[s], 1);
+  ::cuda::ptx::fence_mbarrier_init(::cuda::ptx::sem_release, ::cuda::ptx::scope_cluster);
+  // Parts start on 128-byte boundaries, as bulk copies need 16.
+  const size_t part = pattern == Pattern::kSpread ? set_bytes / gridDim.x / 128 * 128 : set_bytes;
+  const char* base = pattern == Pattern::kSpread ? set + blockIdx.x * part : set;
+  const size_t chunks_in_part = part / chunk_bytes;
+  const size_t first = pattern == Pattern::kShared ? blockIdx.x * 7 : 0;  // Not in lockstep.
+  auto wait_for = [&](int chunk) {
+    ttt::kernels::cuda::WaitForPhase(&full[chunk % depth], (chunk / depth) & 1);
+  };
+  const int chunks = static_cast<int>(kBytesPerBlock / chunk_bytes);
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    if (chunk >= depth) wait_for(chunk - depth);
+    uint64_t* slot = &full[chunk % depth];
+    ::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                           ::cuda::ptx::space_shared, slot, chunk_bytes);
+    const size_t offset = (first + chunk) % chunks_in_part * chunk_bytes;
+    ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global,
+                               ring + chunk % depth * kMaxChunk, base + offset, chunk_bytes, slot);
+  }
+  for (int c = max(0, chunks - depth); c < chunks; ++c) wait_for(c);
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const size_t ring_bytes = kMaxDepth * kMaxChunk;
+  CHECK_CUDA(cudaFuncSetAttribute(Stream, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes));
+  const size_t largest = size_t{2} << 30;
+  char* buffer;
+  CHECK_CUDA(cudaMalloc(&buffer, largest));
+  CHECK_CUDA(cudaMemset(buffer, 1, largest));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (const Pattern pattern : {Pattern::kSpread, Pattern::kShared}) {
+    for (const size_t set : {size_t{8} << 20, size_t{24} << 20, largest}) {
+      if (pattern == Pattern::kShared && set == largest) continue;  // Each SM 8 MB of it: spread.
+      for (const int chunk : {16 * 1024, 32 * 1024}) {
+        for (const int depth : {2, 4, 6}) {
+          std::vector<float> times;
+          for (int run = 0; run < 12; ++run) {
+            CHECK_CUDA(cudaEventRecord(start));
+            Stream<<<sms, 32, ring_bytes>>>(buffer, set, pattern, chunk, depth);
+            CHECK_CUDA(cudaGetLastError());
+            CHECK_CUDA(cudaEventRecord(stop));
+            CHECK_CUDA(cudaEventSynchronize(stop));
+            float ms = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+            if (run > 0) times.push_back(ms);  // The first warms up L2.
+          }
+          std::sort(times.begin(), times.end());
+          const double gb_per_s =
+              1e-6 * static_cast<double>(kBytesPerBlock) * sms / times[times.size() / 2];
+          std::printf(
+              "{\"gpu\":\"%s\",\"pattern\":\"%s\",\"set_bytes\":%zu,\"chunk_bytes\":%d,"
+              "\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,\"gb_per_s_per_sm\":%.1f}\n",
+              prop.name, pattern == Pattern::kSpread ? "spread" : "shared", set, chunk, depth,
+              gb_per_s, gb_per_s / sms);
+        }
+      }
+    }
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaFree(buffer));
+  return 0;
+}
