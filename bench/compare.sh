@@ -10,6 +10,8 @@
 # Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json
 # (bench/record.py): the commit (COMMIT overrides it), the machine, the command, the variants, and
 # a run per variant and round with ttt-bench's results. Prints step p50 / p99 a line each.
+# TARGETS (ninja targets, default bench/ttt-bench) are built for every variant; with KEEP=DIR each
+# variant's binaries stay in DIR/VARIANT/ (so that its tests can run after), else they are removed.
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
   sed -n 's/^#   bench\/compare.sh OUT/usage: bench\/compare.sh OUT/p' "$0" | head -1 >&2
@@ -26,15 +28,23 @@ done
 bench_args=("$@")
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-compare
-bins=$(mktemp -d)
-trap 'rm -rf "$bins"' EXIT
+read -ra targets <<< "${TARGETS:-bench/ttt-bench}"
+[[ " ${targets[*]} " == *" bench/ttt-bench "* ]] || targets+=(bench/ttt-bench)
+if [[ -n ${KEEP:-} ]]; then
+  bins=$(realpath -m "$KEEP")
+  mkdir -p "$bins"
+else
+  bins=$(mktemp -d)
+  trap 'rm -rf "$bins"' EXIT
+fi
 
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments.
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} > /dev/null
 build_as() {
-  ninja -C "$build" bench/ttt-bench > "$bins/$1.build.log" 2>&1 ||
+  ninja -C "$build" "${targets[@]}" > "$bins/$1.build.log" 2>&1 ||
     { tail -30 "$bins/$1.build.log" >&2; return 1; }
-  cp "$build/bench/ttt-bench" "$bins/$1"
+  mkdir -p "$bins/$1"
+  for target in "${targets[@]}"; do cp "$build/$target" "$bins/$1/"; done
 }
 variants=(base)
 build_as base
@@ -51,9 +61,10 @@ for patch in "${patches[@]}"; do
 done
 
 runs=$bins/runs.jsonl
+: > "$runs"
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for variant in "${variants[@]}"; do
-    "$bins/$variant" "${bench_args[@]}" | grep '^{' |
+    "$bins/$variant/ttt-bench" "${bench_args[@]}" | grep '^{' |
       VARIANT=$variant ROUND=$round python3 -c '
 import json, os, sys
 variant, run = os.environ["VARIANT"], int(os.environ["ROUND"])
