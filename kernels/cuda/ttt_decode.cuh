@@ -115,10 +115,9 @@ __device__ __forceinline__ float4 LaneBias(const DecodeWindow& window) {
 
 // After a window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
 // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory and `bias`, the lane's channels of
-// b1 (LaneBias). Its rows may be shared by `warps` warps (this one
-// `warp` of them, each lane taking every warps-th of its rows; warp 0 b1), which must see the
-// window's last row of keys and gradients. Each lane reloads the window's gradients and step
-// sizes (L1 hits, once per window).
+// b1 (LaneBias). Its rows may be shared by `warps` warps (this one `warp` of them, each lane
+// taking every warps-th of its rows; warp 0 b1), which must see the window's last row of keys and
+// gradients. Each lane reloads the window's gradients and step sizes (L1 hits, once per window).
 template <int kF>
 __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const DecodeWindow& window,
                                              const float4* w1, float4 bias, int warp, int warps) {
