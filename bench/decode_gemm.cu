@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 
@@ -414,48 +415,6 @@ struct Expected {
   bool swiglu;
 };
 
-// cuBLASLt's plan for a shape, as CudaGemm makes it: row-major y = x · wᵀ is column-major
-// yᵀ = w · xᵀ, w read as column-major [in, out] and transposed.
-struct LtPlan {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t w, x, y;
-  cublasLtMatmulAlgo_t algo;
-};
-
-LtPlan PlanLt(cublasLtHandle_t handle, const Product& p, size_t workspace_bytes) {
-  LtPlan plan{};
-  CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                              sizeof(transpose)));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_16BF, p.in, p.out, p.in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_16BF, p.in, p.rows, p.in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, p.out, p.rows, p.out));
-  cublasLtMatmulPreference_t preference;
-  CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
-  const uint64_t bytes = workspace_bytes;
-  CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.w, plan.x, plan.y, plan.y,
-                                              preference, 1, &result, &found));
-  cublasLtMatmulPreferenceDestroy(preference);
-  if (found == 0) {
-    std::fprintf(stderr, "no cuBLASLt kernel for %s %s\n", p.preset, p.name);
-    std::exit(1);
-  }
-  plan.algo = result.algo;
-  return plan;
-}
-
-void DestroyLt(const LtPlan& plan) {
-  cublasLtMatrixLayoutDestroy(plan.y);
-  cublasLtMatrixLayoutDestroy(plan.x);
-  cublasLtMatrixLayoutDestroy(plan.w);
-  cublasLtMatmulDescDestroy(plan.desc);
-}
-
 // Median milliseconds of 20 runs of `run`, each after `flush` (not timed).
 template <typename Flush, typename Run>
 double MedianMs(Flush flush, Run run) {
@@ -749,7 +708,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
-    const LtPlan plan = PlanLt(handle, p, workspace_bytes);
+    const LtPlan plan = PlanLt(handle, p.rows, p.in, p.out, workspace_bytes);
     const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
     auto run_lt = [&] {
       CHECK_CUBLAS(cublasLtMatmul(handle, plan.desc, &alpha, w, plan.w, x, plan.x, &beta, y_lt,

@@ -27,9 +27,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <string>
 #include <vector>
 
+#include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 
 namespace {
@@ -69,55 +69,8 @@ __global__ void __launch_bounds__(kStateThreads)
   }
 }
 
-// A product's cuBLASLt plan, as server/engine/cuda_gemm.cc makes it, for `rows` rows and kernels
-// sized for `sms` SMs (0: all).
-struct Plan {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t w, x, y;
-  cublasLtMatmulAlgo_t algo;
-  bool accumulate;
-};
-
-Plan MakePlan(cublasLtHandle_t handle, int rows, int in, int out, bool accumulate, int sms,
-              size_t workspace_bytes) {
-  Plan plan{};
-  plan.accumulate = accumulate;
-  CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                              sizeof(transpose)));
-  const int32_t sm_target = sms;
-  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                              &sm_target, sizeof(sm_target)));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_16BF, in, out, in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_16BF, in, rows, in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, out, rows, out));
-  cublasLtMatmulPreference_t preference;
-  CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
-  const uint64_t bytes = workspace_bytes;
-  CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes)));
-  cublasLtMatmulHeuristicResult_t chosen{};
-  int found = 0;
-  CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.w, plan.x, plan.y, plan.y,
-                                              preference, 1, &chosen, &found));
-  cublasLtMatmulPreferenceDestroy(preference);
-  if (found == 0) {
-    std::fprintf(stderr, "no cuBLASLt kernel for %d × %d by %d\n", rows, in, out);
-    std::exit(1);
-  }
-  plan.algo = chosen.algo;
-  return plan;
-}
-
-void Destroy(const std::vector<Plan>& plans) {
-  for (const Plan& plan : plans) {
-    cublasLtMatrixLayoutDestroy(plan.y);
-    cublasLtMatrixLayoutDestroy(plan.x);
-    cublasLtMatrixLayoutDestroy(plan.w);
-    cublasLtMatmulDescDestroy(plan.desc);
-  }
-}
+// in_proj, o_proj, gate_up, down: o_proj and down add into their outputs (the residual).
+constexpr bool kAddsToOutput[4] = {false, true, false, true};
 
 struct Step {
   const Preset& preset;
@@ -142,10 +95,10 @@ struct Step {
   }
 
   // A layer's four products for rows [first, first + plans' rows), with the given plans.
-  void Products(int layer, int first, const std::vector<Plan>& plans, int lane,
+  void Products(int layer, int first, const std::vector<LtPlan>& plans, int lane,
                 cudaStream_t stream) const {
     for (int p = 0; p < 4; ++p) {
-      const float alpha = 1.0f, beta = plans[p].accumulate ? 1.0f : 0.0f;
+      const float alpha = 1.0f, beta = kAddsToOutput[p] ? 1.0f : 0.0f;
       const __nv_bfloat16* w = weights + layer * layer_weights + weight_offset[p];
       const __nv_bfloat16* xs = x + static_cast<size_t>(first) * product_in[p];
       float* ys = y + static_cast<size_t>(first) * product_out[p];
@@ -155,11 +108,11 @@ struct Step {
     }
   }
 
-  std::vector<Plan> Plans(int rows, int product_sms) const {
-    std::vector<Plan> plans;
+  std::vector<LtPlan> Plans(int rows, int product_sms) const {
+    std::vector<LtPlan> plans;
     for (int p = 0; p < 4; ++p) {
-      plans.push_back(MakePlan(handle, rows, product_in[p], product_out[p], p == 1 || p == 3,
-                               product_sms, workspace_bytes));
+      plans.push_back(
+          PlanLt(handle, rows, product_in[p], product_out[p], workspace_bytes, product_sms));
     }
     return plans;
   }
@@ -256,7 +209,7 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
   CHECK_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
 
-  const std::vector<Plan> whole = step.Plans(kBatch, 0);
+  const std::vector<LtPlan> whole = step.Plans(kBatch, 0);
   Print(device.name, preset, "state", sms, 0, TimeGraph(step, a, b, [&] {
           for (int l = 0; l < L; ++l) step.State(l, 0, kBatch, sms, a);
         }));
@@ -271,7 +224,7 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
         }));
   for (const int state_sms : {sms / 4, sms / 3, sms / 2}) {
     const int product_sms = sms - state_sms;
-    const std::vector<Plan> half = step.Plans(kHalf, product_sms);
+    const std::vector<LtPlan> half = step.Plans(kHalf, product_sms);
     Print(device.name, preset, "state_half", state_sms, 0, TimeGraph(step, a, b, [&] {
             for (int l = 0; l < L; ++l) step.State(l, 0, kHalf, state_sms, a);
           }));
@@ -286,9 +239,9 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
               step.State(l, kHalf, kHalf, state_sms, b);
             }
           }));
-    Destroy(half);
+    for (const LtPlan& plan : half) DestroyLt(plan);
   }
-  Destroy(whole);
+  for (const LtPlan& plan : whole) DestroyLt(plan);
   CHECK_CUDA(cudaStreamDestroy(a));
   CHECK_CUDA(cudaStreamDestroy(b));
   for (void* w : workspace) CHECK_CUDA(cudaFree(w));
