@@ -163,7 +163,9 @@ void Print(const char* gpu, const Preset& preset, const char* name, int state_sm
 void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t handle) {
   const int H = preset.hidden, I = preset.intermediate, L = preset.layers,
             sms = device.multiProcessorCount;
-  const int in[4] = {H, H, H, I}, out[4] = {3 * H + preset.heads, H, 2 * I, H};
+  // in_proj's width padded to 64, as the engine lays it out.
+  const int in_proj_out = (3 * H + preset.heads + 63) / 64 * 64;
+  const int in[4] = {H, H, H, I}, out[4] = {in_proj_out, H, 2 * I, H};
   size_t layer_weights = 0, offsets[4];
   for (int p = 0; p < 4; ++p) {
     offsets[p] = layer_weights;
