@@ -6,7 +6,7 @@
 //   spread   each block its own part of a set of bytes (each byte read by one SM);
 //   shared   every block the whole set, from its own starting point (an activation tile that
 //            every column tile reads).
-// Sets of 8 and 24 MB stay in L2 (50 MB on an H200); 2 GB comes from DRAM.
+// Sets of 8 and 24 MB stay in L2 (its size is printed with each line); 2 GB comes from DRAM.
 // Prints one JSON line per (pattern, set, chunk, depth): GB/s in all and per SM, medians of 11
 // launches.
 //   ttt-l2-stream
@@ -91,10 +91,11 @@ int main() {
           const double gb_per_s =
               1e-6 * static_cast<double>(kBytesPerBlock) * sms / times[times.size() / 2];
           std::printf(
-              "{\"gpu\":\"%s\",\"pattern\":\"%s\",\"set_bytes\":%zu,\"chunk_bytes\":%d,"
-              "\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,\"gb_per_s_per_sm\":%.1f}\n",
-              prop.name, pattern == Pattern::kSpread ? "spread" : "shared", set, chunk, depth,
-              gb_per_s, gb_per_s / sms);
+              "{\"gpu\":\"%s\",\"l2_bytes\":%d,\"pattern\":\"%s\",\"set_bytes\":%zu,"
+              "\"chunk_bytes\":%d,\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,"
+              "\"gb_per_s_per_sm\":%.1f}\n",
+              prop.name, prop.l2CacheSize, pattern == Pattern::kSpread ? "spread" : "shared", set,
+              chunk, depth, gb_per_s, gb_per_s / sms);
         }
       }
     }
