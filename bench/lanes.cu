@@ -211,36 +211,31 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
   CHECK_CUDA(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
   CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
 
+  // Times one case: `layer(l)` enqueues layer l's work, for every layer, in one graph.
+  auto measure = [&](const char* name, int state_sms, int product_sms, auto layer) {
+    const float us = TimeGraph(step, a, b, [&] {
+      for (int l = 0; l < L; ++l) layer(l);
+    });
+    Print(device.name, preset, name, state_sms, product_sms, us);
+  };
   const std::vector<LtPlan> whole = step.Plans(kBatch, 0);
-  Print(device.name, preset, "state", sms, 0, TimeGraph(step, a, b, [&] {
-          for (int l = 0; l < L; ++l) step.State(l, 0, kBatch, sms, a);
-        }));
-  Print(device.name, preset, "products", 0, sms, TimeGraph(step, a, b, [&] {
-          for (int l = 0; l < L; ++l) step.Products(l, 0, whole, 0, a);
-        }));
-  Print(device.name, preset, "serial", sms, sms, TimeGraph(step, a, b, [&] {
-          for (int l = 0; l < L; ++l) {
-            step.State(l, 0, kBatch, sms, a);
-            step.Products(l, 0, whole, 0, a);
-          }
-        }));
+  measure("state", sms, 0, [&](int l) { step.State(l, 0, kBatch, sms, a); });
+  measure("products", 0, sms, [&](int l) { step.Products(l, 0, whole, 0, a); });
+  measure("serial", sms, sms, [&](int l) {
+    step.State(l, 0, kBatch, sms, a);
+    step.Products(l, 0, whole, 0, a);
+  });
   for (const int state_sms : {sms / 4, sms / 3, sms / 2}) {
     const int product_sms = sms - state_sms;
     const std::vector<LtPlan> half = step.Plans(kHalf, product_sms);
-    Print(device.name, preset, "state_half", state_sms, 0, TimeGraph(step, a, b, [&] {
-            for (int l = 0; l < L; ++l) step.State(l, 0, kHalf, state_sms, a);
-          }));
-    Print(device.name, preset, "products_half", 0, product_sms, TimeGraph(step, a, b, [&] {
-            for (int l = 0; l < L; ++l) step.Products(l, 0, half, 0, a);
-          }));
-    Print(device.name, preset, "lanes", state_sms, product_sms, TimeGraph(step, a, b, [&] {
-            for (int l = 0; l < L; ++l) {
-              step.State(l, 0, kHalf, state_sms, a);
-              step.Products(l, 0, half, 0, a);
-              step.Products(l, kHalf, half, 1, b);
-              step.State(l, kHalf, kHalf, state_sms, b);
-            }
-          }));
+    measure("state_half", state_sms, 0, [&](int l) { step.State(l, 0, kHalf, state_sms, a); });
+    measure("products_half", 0, product_sms, [&](int l) { step.Products(l, 0, half, 0, a); });
+    measure("lanes", state_sms, product_sms, [&](int l) {
+      step.State(l, 0, kHalf, state_sms, a);
+      step.Products(l, 0, half, 0, a);
+      step.Products(l, kHalf, half, 1, b);
+      step.State(l, kHalf, kHalf, state_sms, b);
+    });
     for (const LtPlan& plan : half) DestroyLt(plan);
   }
   for (const LtPlan& plan : whole) DestroyLt(plan);
