@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     }
     // A window's last token commits θ0 with every warp of the head's block: by one warp alone it
     // made a 1b step's p99 ~0.2 ms longer than its median.
-    if (blockIdx.x < nh && seg.start % layer.ttt.K == layer.ttt.K - 1) {
+    if (blockIdx.x < nh && WindowPosition(seg, layer.ttt.K) == layer.ttt.K - 1) {
       ConsumersSync();  // The window's last keys and gradients are visible to every warp.
       const DecodeWindow window = WindowOf<kF>(layer.ttt, blockIdx.x, base, a.offsets);
       CommitWindow<kF>(layer.ttt, window, w1, LaneBias<kF>(window), warp, kConsumerWarps);

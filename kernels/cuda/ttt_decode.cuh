@@ -148,6 +148,12 @@ __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const Decod
   if (warp == 0 && ro == 0) window.b1[cg] = bias - bias_update;
 }
 
+// Where a segment's first token falls in its window, 0 .. K − 1: the window's earlier rows
+// pending in the state. θ0 is committed after the token at K − 1.
+__device__ __forceinline__ int WindowPosition(const Segment& seg, int K) {
+  return static_cast<int>(seg.start % K);
+}
+
 // The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
 // gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
 // and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
@@ -165,7 +171,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   float4* shared_k = shared_q + L;
   const int K = p.K, D = p.nh * kF;
   const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
-  const int r = static_cast<int>(seg.start % K);
+  const int r = WindowPosition(seg, K);
   const DecodeWindow window = WindowOf<kF>(p, head, base, off);
   float4* pk = window.k;
   float4* pg = window.g1;

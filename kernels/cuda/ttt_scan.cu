@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
       __pipeline_memcpy_async(to + row * P + col, from + row * from_stride + col, 16);
     }
   };
-  const int open = static_cast<int>(seg.start % K);  // Pending rows of the window it starts in.
+  const int open = WindowPosition(seg, K);  // Pending rows of the window it starts in.
   copy_rows_async(w1, W1, f, f);
   copy_rows_async(keys, pk, f, open);
   copy_rows_async(grads, pg, f, open);
