@@ -197,6 +197,34 @@ bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType typ
 cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,
                        ElementType type, ProductOutput output, void* y, cudaStream_t stream);
 
+// The feed-forward's entry on Hopper's tensor cores (kernels/cuda/tensor_core_products.cu), for
+// bf16 weights, in two kernels where the general path takes four (o_proj, RmsNorm, gate_up,
+// SwiGlu). From the layer's output rows (bf16 [rows, D], as PostNormGate writes them):
+//   o_proj:  h += post_norm_rows · o_projᵀ; normed = h ⊙ ffn_norm_weight in bf16; row_squares
+//            [SquareTiles(D), row_stride] the sums of squares of each row of h by tiles of columns;
+//   gate_up: activation [rows, I] = SwiGLU((normed · gate_upᵀ) / rms), rms from row_squares and
+//            eps, gate_up's rows interleaving gate and up as ProductOutput::kSwiGlu reads them.
+// The RMSNorm's 1/rms is a per-row scale, so it is applied to gate_up's sums rather than its
+// input. Takes D and I multiples of 8 on a GPU that runs sm_90a code, which
+// TensorCoreProductsAvailable tells (it also readies the kernels: call it once first).
+struct FeedForwardEntry {
+  int D, I;
+  float eps;
+  const void* o_proj;   // [D, D]
+  const void* gate_up;  // [2I, D]
+  const float* ffn_norm_weight;
+  const void* post_norm_rows;
+  float* h;
+  void* normed;  // bf16 [rows, D]
+  float* row_squares;
+  int row_stride;  // At least the step's rows.
+  void* activation;
+
+  static int SquareTiles(int D);
+  cudaError_t Run(int rows, cudaStream_t stream) const;
+};
+bool TensorCoreProductsAvailable(int D, int I);
+
 // A decode step's layers for one sequence (batch 1) in one persistent kernel (see
 // sequence_step.cu): from the embedded row in h to the last layer's output row in h, with the
 // state advanced as ForwardLayer's kernels advance it. A layer's parts, as the engine keeps them:

@@ -1,0 +1,456 @@
+// The feed-forward's entry on Hopper's tensor cores (see FeedForwardEntry in cuda_ops.h): o_proj
+// and gate_up as wgmma products fed by TMA, whose epilogues do the row work that otherwise takes
+// two kernels of its own (the RMSNorm before gate_up and the SwiGLU after it).
+//
+// A block computes a 64 × kN tile of outputs. One producer warp keeps up to `stages` 64-wide
+// slices of K of x and w in flight into shared memory (TMA, 128-byte swizzled, as wgmma's
+// descriptors read them); kConsumers warpgroups take the slices in turn, each keeping one slice's
+// wgmmas in flight while it issues the next, and add their sums at the end. Tiles are sized so
+// that a 256-row decode step's tiles about fill the GPU once (bench/README.md v14).
+//
+// wgmma is an sm_90a instruction: this file is built for that target alone (kernels/CMakeLists.txt)
+// and TensorCoreProductsAvailable() tells whether the device runs it.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cuda/ptx>
+
+#include "kernels/cuda/common.cuh"
+
+namespace ttt::kernels::cuda {
+namespace {
+
+namespace ptx = ::cuda::ptx;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTileRows = 64, kTileIn = 64, kMaxStages = 16, kConsumers = 2;
+constexpr int kThreads = 128 * kConsumers + 32;
+// Output tiles: o_proj's are narrow (its D outputs are few; 125m: 32 × 4 blocks at 256 rows),
+// gate_up's wide (2I outputs; 125m: 32 × 4).
+constexpr int kProjectionTile = 24, kGateUpTile = 128;
+constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
+
+// y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
+// from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
+// d[4j .. 4j + 3]: outputs 8j + 2·(t % 4) + {0, 1} of rows 16·(t / 32) + (t % 32) / 4 and 8 below.
+template <int kN>
+__device__ void Wgmma(float* d, uint64_t a, uint64_t b);
+
+template <>
+__device__ __forceinline__ void Wgmma<8>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, "
+      "0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<16>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b));
+}
+
+// A wgmma descriptor of a tile of rows of 64 bf16 (128 bytes) in shared memory, swizzled as TMA's
+// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart.
+__device__ __forceinline__ uint64_t SwizzledTile(const bf16* tile) {
+  const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// A 64 × N step as wgmmas of 128, 16 and 8 outputs: their sums line up in d as one wgmma of N
+// would hold them; `w` is the first of N rows of a swizzled slice.
+template <int kN>
+__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const bf16* w) {
+  constexpr int kPart = kN >= 128 ? 128 : kN >= 16 ? 16 : 8;
+  Wgmma<kPart>(d, a, SwizzledTile(w));
+  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kTileIn);
+}
+
+__device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
+  while (!ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
+  }
+}
+
+// The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
+constexpr int kAllConsumersBarrier = 1, kFirstConsumerBarrier = 2;
+
+enum class Epilogue { kOutputProjection, kGateUpSwiGlu };
+
+// What the epilogues write and read besides the product (see FeedForwardEntry).
+struct EpilogueArgs {
+  int rows;  // The step's rows: the tiles' rows past them are TMA's zeros and not written.
+  int out;   // The product's outputs.
+  int D;
+  // kOutputProjection.
+  float* h;
+  const float* norm_weight;
+  bf16* normed;
+  // Both: [square_tiles, row_stride], a row's sum of squares of h over a tile's columns.
+  float* row_squares;
+  int square_tiles;
+  int row_stride;
+  // kGateUpSwiGlu.
+  float eps;
+  bf16* activation;
+};
+
+// o_proj's epilogue reads h where this thread's sums go (as wgmma's accumulator layout places
+// them: for each group j of 8 outputs and each half, rows `top` and `top` + 8), all before the
+// product, so that the epilogue waits on no load.
+struct ProjectionRows {
+  static constexpr int kGroups = kProjectionTile / 8;
+  float2 h[kGroups][2];
+};
+
+__device__ __forceinline__ bool InOutputProjection(int column, int row, const EpilogueArgs& e) {
+  return column < e.out && row < e.rows;
+}
+
+__device__ __forceinline__ ProjectionRows LoadProjectionRows(int top, int out0,
+                                                             const EpilogueArgs& e) {
+  const int lane = threadIdx.x % kWarp;
+  ProjectionRows rows;
+#pragma unroll
+  for (int j = 0; j < ProjectionRows::kGroups; ++j) {
+    const int column = out0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = top + 8 * half;
+      rows.h[j][half] =
+          InOutputProjection(column, row, e)
+              ? *reinterpret_cast<const float2*>(e.h + static_cast<int64_t>(row) * e.D + column)
+              : make_float2(0, 0);
+    }
+  }
+  return rows;
+}
+
+// o_proj's epilogue: h += the sums; the norm's input h ⊙ norm_weight in bf16; each row's sum of
+// squares of h over this tile's columns (the norm's 1/rms is taken from them in gate_up's).
+__device__ __forceinline__ void WriteOutputProjection(const float* d, int top, int out0,
+                                                      const ProjectionRows& before,
+                                                      const EpilogueArgs& e) {
+  const int lane = threadIdx.x % kWarp;
+  float squares[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < ProjectionRows::kGroups; ++j) {
+    const int column = out0 + 8 * j + 2 * (lane % 4);
+    const float2 gain = column < e.out ? *reinterpret_cast<const float2*>(e.norm_weight + column)
+                                       : make_float2(0, 0);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = top + 8 * half;
+      if (!InOutputProjection(column, row, e)) continue;
+      const int64_t at = static_cast<int64_t>(row) * e.D + column;
+      const float2 h = make_float2(before.h[j][half].x + d[4 * j + 2 * half],
+                                   before.h[j][half].y + d[4 * j + 2 * half + 1]);
+      *reinterpret_cast<float2*>(e.h + at) = h;
+      *reinterpret_cast<__nv_bfloat162*>(e.normed + at) =
+          __floats2bfloat162_rn(h.x * gain.x, h.y * gain.y);
+      squares[half] += h.x * h.x + h.y * h.y;
+    }
+  }
+  // A row's columns lie in the four lanes of a quad.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    squares[half] += __shfl_xor_sync(0xffffffffu, squares[half], 1);
+    squares[half] += __shfl_xor_sync(0xffffffffu, squares[half], 2);
+    const int row = top + 8 * half;
+    if (lane % 4 == 0 && row < e.rows) {
+      e.row_squares[static_cast<int64_t>(blockIdx.x) * e.row_stride + row] = squares[half];
+    }
+  }
+}
+
+// gate_up's epilogue: the sums times the row's 1/rms, then silu(gate) · up of each (gate, up)
+// output pair, staged in shared memory (`staged`, 64 × kGateUpTile / 2) and written 16 bytes a
+// thread (from the sums' layout a row's 2-byte pieces would be 8 bytes apart).
+__device__ __forceinline__ void WriteGateUpSwiGlu(const float* d, int top, int row0, int out0,
+                                                  const float* inv_rms, bf16* staged,
+                                                  const EpilogueArgs& e) {
+  constexpr int kChannels = kGateUpTile / 2;
+  const int lane = threadIdx.x % kWarp;
+  const int local = top - row0;
+  const float scale[2] = {inv_rms[local], inv_rms[local + 8]};
+#pragma unroll
+  for (int j = 0; j < kGateUpTile / 8; ++j) {
+    const int channel = 4 * j + lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      staged[(local + 8 * half) * kChannels + channel] = __float2bfloat16(
+          Swish(scale[half] * d[4 * j + 2 * half], scale[half] * d[4 * j + 2 * half + 1]));
+    }
+  }
+  asm volatile("bar.sync %0, 128;" ::"n"(kFirstConsumerBarrier) : "memory");
+  const int width = e.out / 2, channel0 = out0 / 2;
+  constexpr int kPieces = kChannels / 8;  // 16-byte pieces of a row.
+  for (int piece = threadIdx.x; piece < kTileRows * kPieces; piece += 128) {
+    const int r = piece / kPieces, c = piece % kPieces * 8;
+    if (row0 + r >= e.rows || channel0 + c >= width) continue;
+    *reinterpret_cast<uint4*>(e.activation + static_cast<int64_t>(row0 + r) * width + channel0 +
+                              c) = *reinterpret_cast<const uint4*>(staged + r * kChannels + c);
+  }
+}
+
+template <int kN, Epilogue kEpilogue>
+__global__ void __launch_bounds__(kThreads)
+    TensorCoreProductKernel(const __grid_constant__ CUtensorMap x_map,
+                            const __grid_constant__ CUtensorMap w_map, int in, int stages,
+                            EpilogueArgs e) {
+  constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
+  constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
+  extern __shared__ unsigned char shared[];
+  __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
+  __shared__ float inv_rms[kTileRows];  // kGateUpSwiGlu: the tile's rows'.
+  // Swizzled tiles start on 1,024-byte boundaries (the launch adds that much room).
+  bf16* x_tiles =
+      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
+  bf16* w_tiles = x_tiles + stages * kXElements;
+  const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kTileRows;
+  const int tiles = (in + kTileIn - 1) / kTileIn;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], 4);  // Lane 0 of each warp of the slice's consumer.
+    }
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (warp == 4 * kConsumers) {  // The producer.
+    if (lane != 0) return;
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
+    auto load = [&](const CUtensorMap* map, int t, bf16* tiles_base, int elements, int row) {
+      const int32_t at[2] = {t * kTileIn, row};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
+                                tiles_base + (t % stages) * elements, map, at, &full[t % stages]);
+    };
+    // Weights are never a kernel's output: the first slices come before the previous kernel
+    // (which makes x) has ended.
+    const int early = min(tiles, stages);
+    for (int t = 0; t < early; ++t) {
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[t],
+                                     kStageBytes);
+      load(&w_map, t, w_tiles, kWElements, out0);
+    }
+    WaitForPreviousKernel();
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % stages;
+      if (t >= stages) {
+        WaitPhase(&empty[s], (t / stages + 1) % 2);
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
+                                       &full[s], kStageBytes);
+        load(&w_map, t, w_tiles, kWElements, out0);
+      }
+      load(&x_map, t, x_tiles, kXElements, row0);
+    }
+    return;
+  }
+
+  // h, the row sums of squares and the outputs are read and written only after the previous
+  // kernel has ended.
+  WaitForPreviousKernel();
+  const int consumer = warp / 4;
+  const int top = row0 + 16 * (warp % 4) + lane / 4;  // This thread's first row of sums.
+  ProjectionRows before;
+  if constexpr (kEpilogue == Epilogue::kOutputProjection) {
+    if (consumer == 0) before = LoadProjectionRows(top, out0, e);
+  } else {
+    // The rows' 1/rms, from o_proj's sums of squares, while the first slices arrive.
+    if (threadIdx.x < kTileRows) {
+      const int row = row0 + threadIdx.x;
+      float squares = 0;
+      if (row < e.rows) {
+#pragma unroll 8
+        for (int t = 0; t < e.square_tiles; ++t) {
+          squares += e.row_squares[static_cast<int64_t>(t) * e.row_stride + row];
+        }
+      }
+      inv_rms[threadIdx.x] = rsqrtf(squares / e.D + e.eps);
+    }
+  }
+  float d[kN / 2] = {};
+  int previous = -1;  // The stage of this consumer's slice still in flight.
+  for (int t = consumer; t < tiles; t += kConsumers) {
+    const int s = t % stages;
+    WaitPhase(&full[s], (t / stages) % 2);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < kTileIn; k += 16) {
+      WgmmaOfWidth<kN>(d, SwizzledTile(x_tiles + s * kXElements + k), w_tiles + s * kWElements + k);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(&empty[previous]);
+    previous = s;
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(&empty[previous]);
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
+  }
+  // The other consumers' sums come to the first through x's stages, once every slice is used.
+  float* partial = reinterpret_cast<float*>(x_tiles);
+  const int thread = threadIdx.x % 128;
+  asm volatile("bar.sync %0, %1;" ::"n"(kAllConsumersBarrier), "n"(128 * kConsumers) : "memory");
+  if (consumer > 0) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) partial[((consumer - 1) * kN / 2 + i) * 128 + thread] = d[i];
+  }
+  asm volatile("bar.sync %0, %1;" ::"n"(kAllConsumersBarrier), "n"(128 * kConsumers) : "memory");
+  if (consumer > 0) return;
+  for (int c = 1; c < kConsumers; ++c) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
+  }
+  if constexpr (kEpilogue == Epilogue::kOutputProjection) {
+    WriteOutputProjection(d, top, out0, before, e);
+  } else {
+    WriteGateUpSwiGlu(d, top, row0, out0, inv_rms, w_tiles, e);
+  }
+}
+
+// The shared memory a kernel of tile width kN takes for `in` inputs, and its stages.
+template <int kN>
+int Stages(int in) {
+  constexpr size_t kStageBytes = sizeof(bf16) * (kTileRows + kN) * kTileIn;
+  // The other consumers' sums pass through x's stages.
+  constexpr size_t kPartialBytes = sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
+  const int tiles = (in + kTileIn - 1) / kTileIn;
+  const int fit = static_cast<int>(kSharedLimit / kStageBytes);
+  const int for_partials =
+      static_cast<int>((kPartialBytes + sizeof(bf16) * kTileRows * kTileIn - 1) /
+                       (sizeof(bf16) * kTileRows * kTileIn));
+  return std::max(std::min({kMaxStages, tiles, fit}), for_partials);
+}
+
+template <int kN>
+size_t SharedBytes(int stages) {
+  return stages * sizeof(bf16) * (kTileRows + kN) * kTileIn + 1024;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encode;
+}
+
+// A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × 64 swizzled as
+// wgmma's descriptors expect; reads past its rows or columns give zeros.
+cudaError_t TileMap(const bf16* matrix, int rows, int in, int box_rows, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
+  const cuuint32_t box[2] = {kTileIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
+             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int kN, Epilogue kEpilogue>
+cudaError_t LaunchProduct(const bf16* x, int rows, int in, const bf16* w, int out,
+                          const EpilogueArgs& e, cudaStream_t stream) {
+  CUtensorMap x_map, w_map;
+  if (cudaError_t error = TileMap(x, rows, in, kTileRows, &x_map); error != cudaSuccess) {
+    return error;
+  }
+  if (cudaError_t error = TileMap(w, out, in, kN, &w_map); error != cudaSuccess) return error;
+  const int stages = Stages<kN>(in);
+  const dim3 grid((out + kN - 1) / kN, (rows + kTileRows - 1) / kTileRows);
+  return Launch(TensorCoreProductKernel<kN, kEpilogue>, grid, kThreads, SharedBytes<kN>(stages),
+                stream, x_map, w_map, in, stages, e);
+}
+
+template <int kN, Epilogue kEpilogue>
+cudaError_t AllowSharedMemory(int in) {
+  return cudaFuncSetAttribute(TensorCoreProductKernel<kN, kEpilogue>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(SharedBytes<kN>(Stages<kN>(in))));
+}
+
+}  // namespace
+
+bool TensorCoreProductsAvailable(int D, int I) {
+  if (D % 8 != 0 || I % 8 != 0 || TensorMapEncoder() == nullptr) return false;
+  // Loads the sm_90a image: an error on any other GPU.
+  if (AllowSharedMemory<kProjectionTile, Epilogue::kOutputProjection>(D) != cudaSuccess ||
+      AllowSharedMemory<kGateUpTile, Epilogue::kGateUpSwiGlu>(D) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+int FeedForwardEntry::SquareTiles(int D) { return (D + kProjectionTile - 1) / kProjectionTile; }
+
+cudaError_t FeedForwardEntry::Run(int rows, cudaStream_t stream) const {
+  if (rows == 0) return cudaSuccess;
+  if (rows > row_stride) return cudaErrorInvalidValue;
+  const auto* gated_rows = static_cast<const bf16*>(post_norm_rows);
+  EpilogueArgs e{.rows = rows,
+                 .out = D,
+                 .D = D,
+                 .h = h,
+                 .norm_weight = ffn_norm_weight,
+                 .normed = static_cast<bf16*>(normed),
+                 .row_squares = row_squares,
+                 .square_tiles = SquareTiles(D),
+                 .row_stride = row_stride,
+                 .eps = eps,
+                 .activation = static_cast<bf16*>(activation)};
+  if (cudaError_t error = LaunchProduct<kProjectionTile, Epilogue::kOutputProjection>(
+          gated_rows, rows, D, static_cast<const bf16*>(o_proj), D, e, stream);
+      error != cudaSuccess) {
+    return error;
+  }
+  e.out = 2 * I;
+  return LaunchProduct<kGateUpTile, Epilogue::kGateUpSwiGlu>(static_cast<const bf16*>(normed), rows,
+                                                             D, static_cast<const bf16*>(gate_up),
+                                                             2 * I, e, stream);
+}
+
+}  // namespace ttt::kernels::cuda
