@@ -201,6 +201,16 @@ class CudaEngine : public Engine {
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
+  // Whether a step of `rows` rows takes the feed-forward's entry (o_proj, its norm, gate_up and
+  // SwiGLU) on cu::FeedForwardEntry: at batches whose tiles fill the GPU about once (the kernels'
+  // tiles are sized for 256 rows), on models no wider than kTensorCoreFeedForwardMaxWidth.
+  // Narrower or wider batches take cuBLASLt's products and the row kernels.
+  bool TensorCoreFeedForward(int64_t rows) const {
+    return tensor_core_feed_forward_ && rows >= 128 && rows <= 512;
+  }
+  // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
+  // v14, v26), so wider models keep cuBLASLt's.
+  static constexpr int kTensorCoreFeedForwardMaxWidth = 1024;
   // The TTT layer's parts as its kernels take them.
   cu::TttProjectionInputs TttInputs(int64_t layer) const;
   cu::TttScanParams TttParams(int64_t layer) const;
@@ -240,6 +250,7 @@ class CudaEngine : public Engine {
     DeviceBuffer tokens, row_segment, segments, out_rows, sampling;
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
     DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
+    DeviceBuffer row_squares;  // cu::FeedForwardEntry's.
     // Host staging of the batch description, the sampling parameters and the logits.
     PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_sampling;
     PinnedBuffer host_logits;
@@ -257,6 +268,7 @@ class CudaEngine : public Engine {
   DeviceBuffer sequence_step_layers_, sequence_step_counters_;
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
+  bool tensor_core_feed_forward_ = false;  // The GPU and the model take cu::FeedForwardEntry.
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
@@ -299,6 +311,9 @@ absl::Status CudaEngine::Initialize() {
   TTT_ASSIGN_OR_RETURN(gemm_,
                        CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16, stream_));
   TTT_RETURN_IF_ERROR(UploadWeights());
+  tensor_core_feed_forward_ = options_.precision == WeightPrecision::kBFloat16 &&
+                              c.hidden_size <= kTensorCoreFeedForwardMaxWidth &&
+                              cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
 
   const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
   TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
@@ -583,6 +598,9 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
+  if (tensor_core_feed_forward_) {
+    TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * cu::FeedForwardEntry::SquareTiles(D) * f4));
+  }
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
   TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
   TTT_RETURN_IF_ERROR(reserve(s.logits, L * c.vocab_size * f4));
@@ -1114,14 +1132,33 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                    .eps = kLayerNormEps,
                                    .gate = c.use_gate ? proj + columns_.g : nullptr,
                                    .gate_ld = columns_.ld};
-  TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
-                              s.y_gemm.get()));
-
-  // SwiGLU feed-forward.
-  const cu::ProductInput ffn_norm{
-      .kind = cu::ProductInput::Kind::kRmsNorm, .source = h, .weight = w.ffn_norm, .eps = rms_eps};
-  TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
-                              s.ffn_act.get(), s.x.get()));
+  if (TensorCoreFeedForward(rows)) {
+    // o_proj, then the SwiGLU feed-forward's norm and gate_up, in two kernels.
+    TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
+    const cu::FeedForwardEntry entry{.D = D,
+                                     .I = I,
+                                     .eps = rms_eps,
+                                     .o_proj = w.o_proj,
+                                     .gate_up = w.gate_up,
+                                     .ffn_norm_weight = w.ffn_norm,
+                                     .post_norm_rows = s.y_gemm.get(),
+                                     .h = h,
+                                     .normed = s.x.get(),
+                                     .row_squares = s.row_squares.get<float>(),
+                                     .row_stride = static_cast<int>(s.room.rows),
+                                     .activation = s.ffn_act.get()};
+    TTT_CUDA(entry.Run(static_cast<int>(rows), stream_));
+  } else {
+    TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
+                                s.y_gemm.get()));
+    // SwiGLU feed-forward.
+    const cu::ProductInput ffn_norm{.kind = cu::ProductInput::Kind::kRmsNorm,
+                                    .source = h,
+                                    .weight = w.ffn_norm,
+                                    .eps = rms_eps};
+    TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
+                                s.ffn_act.get(), s.x.get()));
+  }
   TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   return absl::OkStatus();
 }
