@@ -206,7 +206,7 @@ class CudaEngine : public Engine {
   // tiles are sized for 256 rows), on models no wider than kTensorCoreFeedForwardMaxWidth.
   // Narrower or wider batches take cuBLASLt's products and the row kernels.
   bool TensorCoreFeedForward(int64_t rows) const {
-    return tensor_core_feed_forward_ && rows >= 128 && rows <= 512;
+    return tensor_core_feed_forward_ && rows >= 128 && rows <= 256;
   }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), so wider models keep cuBLASLt's.
