@@ -42,15 +42,18 @@
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
+using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::Swish;
+using ttt::kernels::cuda::SwizzledTile;
 using ttt::kernels::cuda::WaitForPreviousKernel;
-
-constexpr int kTileIn = 64;
+using ttt::kernels::cuda::WaitPhase;
+using ttt::kernels::cuda::WgmmaOfWidth;
 
 // Where the time goes (TTT_GEMM_ABLATION=delivery or compute): the producer's copies with no
 // wgmma, or the wgmmas on whatever the stages hold, with no copy waited for (results wrong).
@@ -87,102 +90,6 @@ __device__ __forceinline__ void WriteSums(float* y, float first, float second, W
 // TMA and not written), chosen so that the tiles about fill the GPU once, with whole K in flight
 // where it fits.
 constexpr int kGroupRows = 64, kMaxStages = 32;
-
-// y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
-// from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
-// d[4j .. 4j + 3]: outputs 8j + 2·(t % 4) + {0, 1} of rows 16·(t / 32) + (t % 32) / 4 and 8 below.
-template <int kN>
-__device__ void Wgmma(float* d, uint64_t a, uint64_t b);
-
-template <>
-__device__ __forceinline__ void Wgmma<8>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, "
-      "0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<16>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<32>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<64>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a), "l"(b));
-}
-
-// A wgmma descriptor of a tile of rows of 64 bf16 (128 bytes) in shared memory, swizzled as TMA's
-// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart.
-__device__ __forceinline__ uint64_t SwizzledTile(const bf16* tile) {
-  const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-  return ((address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// A 64 × N step as wgmmas of 128, 64, 32, 16 and 8 outputs: their sums line up in d as one
-// wgmma of N would hold them; `w` is the first of N rows of a swizzled slice.
-template <int kN>
-__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const bf16* w) {
-  constexpr int kPart = kN >= 128 ? 128 : kN >= 64 ? 64 : kN >= 32 ? 32 : kN >= 16 ? 16 : 8;
-  Wgmma<kPart>(d, a, SwizzledTile(w));
-  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kTileIn);
-}
-
-__device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
-  }
-}
 
 // Releases a stage in the block of rank `cta` of this block's cluster. The release is the
 // block's own (.cta, the default), as the stage's reads were: a cluster-scope release is a
@@ -222,7 +129,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   static_assert(kN % (8 * kCluster) == 0 && kN <= 256);
   constexpr int kTileRows = kByRows ? kGroupRows * kConsumers : kGroupRows;
   constexpr int kSliceConsumers = kByRows ? kConsumers : 1;  // Consumers of each slice.
-  constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
+  constexpr int kXElements = kTileRows * kSliceIn, kWElements = kN * kSliceIn;
   constexpr int kWPartRows = kN / kCluster;  // Of each slice of w, what one block brings.
   constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
   extern __shared__ unsigned char shared[];
@@ -233,7 +140,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   bf16* w_tiles = x_tiles + stages * kXElements;
   const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kTileRows;
   const int first_tile = blockIdx.z * tiles_per_split;
-  const int tiles = min(in / kTileIn, first_tile + tiles_per_split) - first_tile;
+  const int tiles = min(in / kSliceIn, first_tile + tiles_per_split) - first_tile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint32_t rank = 0;
   if constexpr (kCluster > 1) asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -257,9 +164,9 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
       auto load_w = [&](int t) {
-        const int32_t at[2] = {(first_tile + t) * kTileIn,
+        const int32_t at[2] = {(first_tile + t) * kSliceIn,
                                out0 + static_cast<int>(rank) * kWPartRows};
-        bf16* part = w_tiles + (t % stages) * kWElements + rank * kWPartRows * kTileIn;
+        bf16* part = w_tiles + (t % stages) * kWElements + rank * kWPartRows * kSliceIn;
         if constexpr (kCluster > 1) {
           cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
                                           &w_map, at, &full[t % stages],
@@ -270,7 +177,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
         }
       };
       auto load_x = [&](int t) {
-        const int32_t at[2] = {(first_tile + t) * kTileIn, row0};
+        const int32_t at[2] = {(first_tile + t) * kSliceIn, row0};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         x_tiles + (t % stages) * kXElements, &x_map, at,
                                         &full[t % stages]);
@@ -312,7 +219,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
   };
   const int consumer = warp / 4;
-  const bf16* x_rows = x_tiles + (kByRows ? consumer * kGroupRows * kTileIn : 0);
+  const bf16* x_rows = x_tiles + (kByRows ? consumer * kGroupRows * kSliceIn : 0);
   float d[kN / 2] = {};
   int previous = -1;  // The stage of this consumer's slice still in flight.
   for (int t = kByRows ? 0 : consumer; t < tiles; t += kByRows ? 1 : kConsumers) {
@@ -321,7 +228,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     if (ablation != Ablation::kDeliveryOnly) {
 #pragma unroll
-      for (int k = 0; k < kTileIn; k += 16) {
+      for (int k = 0; k < kSliceIn; k += 16) {
         WgmmaOfWidth<kN>(d, SwizzledTile(x_rows + s * kXElements + k),
                          w_tiles + s * kWElements + k);
       }
@@ -492,7 +399,7 @@ void LaunchBusy() { CHECK_CUDA(Launch(BusyKernel, 256, 192, 0, nullptr)); }
 template <typename Launch, typename Flush>
 void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int tile_out, int sms,
                  Flush flush, double busy_ms, const Expected& expected, Launch launch) {
-  if (p.rows % tile_rows != 0 || p.out % 8 != 0 || p.in % kTileIn != 0) {
+  if (p.rows % tile_rows != 0 || p.out % 8 != 0 || p.in % kSliceIn != 0) {
     std::fprintf(stderr, "%s %s: not in whole %d-row tiles of 8-output groups, %s skipped\n",
                  p.preset, p.name, tile_rows, name.c_str());
     return;
@@ -500,7 +407,7 @@ void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int t
   const size_t count = expected.values.size();
   const size_t bytes = count * (expected.swiglu ? sizeof(bf16) : sizeof(float));
   const int grid_x = (p.out + tile_out - 1) / tile_out, grid_y = p.rows / tile_rows;
-  const int tiles = grid_x * grid_y, in_tiles = p.in / kTileIn;
+  const int tiles = grid_x * grid_y, in_tiles = p.in / kSliceIn;
   const int wanted = std::clamp((sms + tiles / 2) / tiles, 1, in_tiles);
   std::vector<int> split_counts = {1};
   if (wanted > 1 && !expected.swiglu) split_counts.push_back(wanted);
@@ -553,7 +460,7 @@ CUtensorMap TileMap(PFN_cuTensorMapEncodeTiled_v12000 encode, const bf16* matrix
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
-  const cuuint32_t box[2] = {kTileIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
   const CUresult result =
       encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
              box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -596,10 +503,10 @@ void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const 
     const int tiles = (p.out + kN - 1) / kN * (p.rows / kTileRows);
     if (4 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
     const auto kernel = WgmmaKernel<kN, kConsumers, kCluster, kByRows>;
-    const size_t stage_bytes = sizeof(bf16) * (kTileRows + kN) * kTileIn;
+    const size_t stage_bytes = sizeof(bf16) * (kTileRows + kN) * kSliceIn;
     constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
     const int stages =
-        std::min<int>({kMaxStages, p.in / kTileIn, static_cast<int>(kSharedLimit / stage_bytes)});
+        std::min<int>({kMaxStages, p.in / kSliceIn, static_cast<int>(kSharedLimit / stage_bytes)});
     if (stages < kConsumers + 1) return;
     // The other consumers' sums pass through the stages.
     constexpr size_t kPartialBytes = kByRows ? 0 : sizeof(float) * (kConsumers - 1) * kN / 2 * 128;

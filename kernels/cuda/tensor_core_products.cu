@@ -17,6 +17,7 @@
 #include <cuda/ptx>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace ttt::kernels::cuda {
 namespace {
@@ -24,81 +25,12 @@ namespace {
 namespace ptx = ::cuda::ptx;
 using bf16 = __nv_bfloat16;
 
-constexpr int kTileRows = 64, kTileIn = 64, kMaxStages = 16, kConsumers = 2;
+constexpr int kTileRows = 64, kMaxStages = 16, kConsumers = 2;
 constexpr int kThreads = 128 * kConsumers + 32;
 // Output tiles: o_proj's are narrow (its D outputs are few; 125m: 32 × 4 blocks at 256 rows),
 // gate_up's wide (2I outputs; 125m: 32 × 4).
 constexpr int kProjectionTile = 24, kGateUpTile = 128;
 constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
-
-// y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
-// from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
-// d[4j .. 4j + 3]: outputs 8j + 2·(t % 4) + {0, 1} of rows 16·(t / 32) + (t % 32) / 4 and 8 below.
-template <int kN>
-__device__ void Wgmma(float* d, uint64_t a, uint64_t b);
-
-template <>
-__device__ __forceinline__ void Wgmma<8>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, "
-      "0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<16>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, 1, 1, 1, 0, 0;"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a), "l"(b));
-}
-
-// A wgmma descriptor of a tile of rows of 64 bf16 (128 bytes) in shared memory, swizzled as TMA's
-// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart.
-__device__ __forceinline__ uint64_t SwizzledTile(const bf16* tile) {
-  const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-  return ((address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-
-// A 64 × N step as wgmmas of 128, 16 and 8 outputs: their sums line up in d as one wgmma of N
-// would hold them; `w` is the first of N rows of a swizzled slice.
-template <int kN>
-__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const bf16* w) {
-  constexpr int kPart = kN >= 128 ? 128 : kN >= 16 ? 16 : 8;
-  Wgmma<kPart>(d, a, SwizzledTile(w));
-  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kTileIn);
-}
-
-__device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
-  while (!ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
-  }
-}
 
 // The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
 constexpr int kAllConsumersBarrier = 1, kFirstConsumerBarrier = 2;
@@ -226,7 +158,7 @@ __global__ void __launch_bounds__(kThreads)
     TensorCoreProductKernel(const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap w_map, int in, int stages,
                             EpilogueArgs e) {
-  constexpr int kXElements = kTileRows * kTileIn, kWElements = kN * kTileIn;
+  constexpr int kXElements = kTileRows * kSliceIn, kWElements = kN * kSliceIn;
   constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
   extern __shared__ unsigned char shared[];
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
@@ -236,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
   bf16* w_tiles = x_tiles + stages * kXElements;
   const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kTileRows;
-  const int tiles = (in + kTileIn - 1) / kTileIn;
+  const int tiles = (in + kSliceIn - 1) / kSliceIn;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
@@ -252,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
     asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
     auto load = [&](const CUtensorMap* map, int t, bf16* tiles_base, int elements, int row) {
-      const int32_t at[2] = {t * kTileIn, row};
+      const int32_t at[2] = {t * kSliceIn, row};
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
                                 tiles_base + (t % stages) * elements, map, at, &full[t % stages]);
     };
@@ -307,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
     WaitPhase(&full[s], (t / stages) % 2);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int k = 0; k < kTileIn; k += 16) {
+    for (int k = 0; k < kSliceIn; k += 16) {
       WgmmaOfWidth<kN>(d, SwizzledTile(x_tiles + s * kXElements + k), w_tiles + s * kWElements + k);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -345,20 +277,20 @@ __global__ void __launch_bounds__(kThreads)
 // The shared memory a kernel of tile width kN takes for `in` inputs, and its stages.
 template <int kN>
 int Stages(int in) {
-  constexpr size_t kStageBytes = sizeof(bf16) * (kTileRows + kN) * kTileIn;
+  constexpr size_t kStageBytes = sizeof(bf16) * (kTileRows + kN) * kSliceIn;
   // The other consumers' sums pass through x's stages.
   constexpr size_t kPartialBytes = sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
-  const int tiles = (in + kTileIn - 1) / kTileIn;
+  const int tiles = (in + kSliceIn - 1) / kSliceIn;
   const int fit = static_cast<int>(kSharedLimit / kStageBytes);
   const int for_partials =
-      static_cast<int>((kPartialBytes + sizeof(bf16) * kTileRows * kTileIn - 1) /
-                       (sizeof(bf16) * kTileRows * kTileIn));
+      static_cast<int>((kPartialBytes + sizeof(bf16) * kTileRows * kSliceIn - 1) /
+                       (sizeof(bf16) * kTileRows * kSliceIn));
   return std::max(std::min({kMaxStages, tiles, fit}), for_partials);
 }
 
 template <int kN>
 size_t SharedBytes(int stages) {
-  return stages * sizeof(bf16) * (kTileRows + kN) * kTileIn + 1024;
+  return stages * sizeof(bf16) * (kTileRows + kN) * kSliceIn + 1024;
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -383,7 +315,7 @@ cudaError_t TileMap(const bf16* matrix, int rows, int in, int box_rows, CUtensor
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
-  const cuuint32_t box[2] = {kTileIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
   const CUresult result =
       encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
              box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,

@@ -4,6 +4,7 @@
 // SwiGLU of an interleaved gate/up product. Skips without a GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <ostream>
@@ -11,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "kernels/cuda_device.h"
 #include "kernels/cuda_ops.h"
+#include "tests/gpu/device_array.h"
 
 namespace ttt {
 namespace {
 
 namespace cu = kernels::cuda;
+using testing::DeviceArray;
 using Kind = cu::ProductInput::Kind;
 using Output = cu::ProductOutput;
 
@@ -41,28 +42,6 @@ std::string Describe(const Case& c) {
 }
 
 void PrintTo(const Case& c, std::ostream* out) { *out << Describe(c); }
-
-// A device copy of host values, freed on scope exit.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
-    EXPECT_EQ(cudaMalloc(&data_, bytes()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceArray() { cudaFree(data_); }
-  T* get() const { return data_; }
-  std::vector<T> ToHost() const {
-    std::vector<T> host(size_);
-    EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-
- private:
-  size_t bytes() const { return size_ * sizeof(T); }
-  T* data_ = nullptr;
-  size_t size_;
-};
 
 float Gelu(float x) {
   return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));

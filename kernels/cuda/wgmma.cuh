@@ -1,0 +1,112 @@
+// Hopper's warpgroup products (wgmma) on bf16 tiles that TMA brings into shared memory, for the
+// kernels built for sm_90a (kernels/cuda/tensor_core_products.cu, bench/decode_gemm.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cuda/ptx>
+
+namespace ttt::kernels::cuda {
+
+// K is taken in slices of 64 bf16: one 128-byte row of a swizzled tile.
+inline constexpr int kSliceIn = 64;
+
+// y (64 × N, float32, in wgmma's accumulator layout) += a (64 × 16) · b (N × 16)ᵀ, both read
+// from shared memory through their descriptors. Thread t holds, for each group j of 8 outputs,
+// d[4j .. 4j + 3]: outputs 8j + 2·(t % 4) + {0, 1} of rows 16·(t / 32) + (t % 32) / 4 and 8 below.
+template <int kN>
+__device__ void Wgmma(float* d, uint64_t a, uint64_t b);
+
+template <>
+__device__ __forceinline__ void Wgmma<8>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, "
+      "0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<16>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<32>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<64>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b));
+}
+
+// A wgmma descriptor of a tile of rows of 64 bf16 (128 bytes) in shared memory, swizzled as TMA's
+// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart.
+__device__ __forceinline__ uint64_t SwizzledTile(const __nv_bfloat16* tile) {
+  const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// A 64 × N step as wgmmas of 128, 64, 32, 16 and 8 outputs: their sums line up in d as one
+// wgmma of N would hold them; `w` is the first of N rows of a swizzled slice.
+template <int kN>
+__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const __nv_bfloat16* w) {
+  constexpr int kPart = kN >= 128 ? 128 : kN >= 64 ? 64 : kN >= 32 ? 32 : kN >= 16 ? 16 : 8;
+  Wgmma<kPart>(d, a, SwizzledTile(w));
+  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kSliceIn);
+}
+
+// Waits until the mbarrier has completed the phase of this parity (a stage filled or emptied).
+__device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
+  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
+  }
+}
+
+}  // namespace ttt::kernels::cuda
