@@ -213,11 +213,8 @@ TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
   EXPECT_GE(double(agree) / positions, 0.98);
 }
 
-// bf16 weights at batch 256 (the golden models' test decodes a sequence at a time, its products
-// on SkinnyGemm; here they run on cuBLAS), against the CPU engine in float32: a random model,
-// 256 sequences at mixed offsets decoding 20 steps, held to the golden models' bounds.
-TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
+// The random model of the bf16 tests below: wide enough a feed-forward for many output tiles.
+ModelConfig Bf16TestConfig() {
   ModelConfig c;
   c.vocab_size = 211;
   c.hidden_size = 128;
@@ -227,6 +224,27 @@ TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
   c.conv_kernel = 4;
   c.share_qk = c.use_gate = c.pre_conv = true;
   c.tie_word_embeddings = false;
+  return c;
+}
+
+// A RunSideBySide `compare` that adds every row of logits to `agreement`.
+auto AddRows(int32_t vocab_size, Bf16Agreement* agreement) {
+  return [vocab_size, agreement](const std::vector<float>& cpu_logits,
+                                 const std::vector<float>& gpu_logits) {
+    for (size_t row = 0; row < cpu_logits.size() / vocab_size; ++row) {
+      agreement->Add(std::span(gpu_logits).subspan(row * vocab_size, vocab_size),
+                     std::span(cpu_logits).subspan(row * vocab_size, vocab_size));
+    }
+  };
+}
+
+// bf16 weights at batch 256 (the golden models' test decodes a sequence at a time, its products
+// on SkinnyGemm; here they run on cuBLAS, and on Hopper the feed-forward's entry on our
+// tensor-core kernels), against the CPU engine in float32: a random model, 256 sequences at mixed
+// offsets decoding 20 steps, held to the golden models' bounds.
+TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig c = Bf16TestConfig();
   auto model = testing::RandomModel(c, 11);
   CpuEngine cpu(model);
   auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, 256);
@@ -235,17 +253,37 @@ TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
   std::vector<int64_t> prompt_lengths(kSequences);
   for (int s = 0; s < kSequences; ++s) prompt_lengths[s] = 1 + s % 23;
   Bf16Agreement agreement;
-  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
-      cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20, LogitsFor::kNone, /*seed=*/5,
-      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
-        for (int s = 0; s < kSequences; ++s) {
-          agreement.Add(std::span(gpu_logits).subspan(s * c.vocab_size, c.vocab_size),
-                        std::span(cpu_logits).subspan(s * c.vocab_size, c.vocab_size));
-        }
-      }));
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20,
+                                        LogitsFor::kNone, /*seed=*/5,
+                                        AddRows(c.vocab_size, &agreement)));
   std::printf("[cuda-bf16] batch 256: relative error %.3g, argmax agreement %lld/%lld\n",
               agreement.relative(), static_cast<long long>(agreement.agree),
               static_cast<long long>(agreement.positions));
+  EXPECT_LE(agreement.relative(), 2e-2);
+  EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98);
+}
+
+// A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes the feed-forward's
+// tensor-core entry (bf16 steps of 128-256 rows) with rows that end inside its 64-row tiles:
+// every prompt position's logits against the CPU engine, then 10 decode steps, held to the golden
+// models' bounds.
+TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig c = Bf16TestConfig();
+  auto model = testing::RandomModel(c, 13);
+  CpuEngine cpu(model);
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, 8);
+  ASSERT_NE(gpu, nullptr);
+  Bf16Agreement agreement;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, std::vector<int64_t>(8, 25),
+                                        /*steps=*/10, LogitsFor::kEveryToken, /*seed=*/9,
+                                        AddRows(c.vocab_size, &agreement)));
+  std::printf(
+      "[cuda-bf16] prompt step of 200 rows: relative error %.3g, argmax agreement "
+      "%lld/%lld\n",
+      agreement.relative(), static_cast<long long>(agreement.agree),
+      static_cast<long long>(agreement.positions));
+  EXPECT_EQ(agreement.positions, 200 + 10 * 8);
   EXPECT_LE(agreement.relative(), 2e-2);
   EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98);
 }
