@@ -25,6 +25,7 @@ namespace {
 namespace ptx = ::cuda::ptx;
 using bf16 = __nv_bfloat16;
 
+// kMaxStages: slices in flight at most (the size of the stages' barrier arrays).
 constexpr int kTileRows = 64, kMaxStages = 16, kConsumers = 2;
 constexpr int kThreads = 128 * kConsumers + 32;
 // Output tiles: o_proj's are narrow (its D outputs are few; 125m: 32 × 4 blocks at 256 rows),
