@@ -238,6 +238,15 @@ auto AddRows(int32_t vocab_size, Bf16Agreement* agreement) {
   };
 }
 
+// Prints `agreement` under `label` and holds it to the golden models' bf16 bounds.
+void ExpectWithinBf16Bounds(const Bf16Agreement& agreement, const char* label) {
+  std::printf("[cuda-bf16] %s: relative error %.3g, argmax agreement %lld/%lld\n", label,
+              agreement.relative(), static_cast<long long>(agreement.agree),
+              static_cast<long long>(agreement.positions));
+  EXPECT_LE(agreement.relative(), 2e-2) << label;
+  EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98) << label;
+}
+
 // bf16 weights at batch 256 (the golden models' test decodes a sequence at a time, its products
 // on SkinnyGemm; here they run on cuBLAS, and on Hopper the feed-forward's entry on our
 // tensor-core kernels), against the CPU engine in float32: a random model, 256 sequences at mixed
@@ -256,11 +265,7 @@ TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20,
                                         LogitsFor::kNone, /*seed=*/5,
                                         AddRows(c.vocab_size, &agreement)));
-  std::printf("[cuda-bf16] batch 256: relative error %.3g, argmax agreement %lld/%lld\n",
-              agreement.relative(), static_cast<long long>(agreement.agree),
-              static_cast<long long>(agreement.positions));
-  EXPECT_LE(agreement.relative(), 2e-2);
-  EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98);
+  ExpectWithinBf16Bounds(agreement, "batch 256");
 }
 
 // A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes the feed-forward's
@@ -278,14 +283,8 @@ TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, std::vector<int64_t>(8, 25),
                                         /*steps=*/10, LogitsFor::kEveryToken, /*seed=*/9,
                                         AddRows(c.vocab_size, &agreement)));
-  std::printf(
-      "[cuda-bf16] prompt step of 200 rows: relative error %.3g, argmax agreement "
-      "%lld/%lld\n",
-      agreement.relative(), static_cast<long long>(agreement.agree),
-      static_cast<long long>(agreement.positions));
   EXPECT_EQ(agreement.positions, 200 + 10 * 8);
-  EXPECT_LE(agreement.relative(), 2e-2);
-  EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98);
+  ExpectWithinBf16Bounds(agreement, "prompt step of 200 rows");
 }
 
 // GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
