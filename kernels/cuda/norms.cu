@@ -85,9 +85,9 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
                          ElementType out_type, cudaStream_t stream) {
   if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  // o_proj's product follows, with ~200 KB of shared memory a block; an SM holds blocks of one
+  // o_proj's product follows, with over 100 KB of shared memory a block; an SM holds blocks of one
   // carveout at a time, so that product's blocks start beside this kernel's last ones (and fetch
-  // their first weights early) only if this kernel asks for the same (bench/README.md v14).
+  // their first weights early) only if this kernel asks for the same (bench/README.md v14, v26).
   static const cudaError_t carveout =
       cudaFuncSetAttribute(PostNormGateKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared);
