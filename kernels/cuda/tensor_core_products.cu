@@ -275,7 +275,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The shared memory a kernel of tile width kN takes for `in` inputs, and its stages.
+// The slices a kernel of tile width kN keeps in flight for `in` inputs: all of K where it fits (up
+// to kMaxStages), and enough for the other consumers' sums to pass through x's stages.
 template <int kN>
 int Stages(int in) {
   constexpr size_t kStageBytes = sizeof(bf16) * (kTileRows + kN) * kSliceIn;
@@ -289,6 +290,7 @@ int Stages(int in) {
   return std::max(std::min({kMaxStages, tiles, fit}), for_partials);
 }
 
+// Its dynamic shared memory: the stages, and room to align them to 1,024 bytes.
 template <int kN>
 size_t SharedBytes(int stages) {
   return stages * sizeof(bf16) * (kTileRows + kN) * kSliceIn + 1024;
