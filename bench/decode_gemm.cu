@@ -24,7 +24,6 @@
 //   ttt-decode-gemm [PRESET/PRODUCT]      (e.g. 125m/gate_up: that product alone)
 #include <cublasLt.h>
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -42,6 +41,7 @@
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace {
@@ -51,8 +51,8 @@ using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::Swish;
 using ttt::kernels::cuda::SwizzledTile;
+using ttt::kernels::cuda::WaitForPhase;
 using ttt::kernels::cuda::WaitForPreviousKernel;
-using ttt::kernels::cuda::WaitPhase;
 using ttt::kernels::cuda::WgmmaOfWidth;
 
 // Where the time goes (TTT_GEMM_ABLATION=delivery or compute): the producer's copies with no
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
       for (int t = 0; t < tiles; ++t) {
         const int s = t % stages;
         if (t >= stages) {
-          WaitPhase(&empty[s], (t / stages + 1) % 2);
+          WaitForPhase(&empty[s], (t / stages + 1) % 2);
           cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
                                                cuda::ptx::space_shared, &full[s], kStageBytes);
           load_w(t);
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
       }
       if constexpr (kCluster > 1) {
         for (int t = max(0, tiles - stages); t < tiles; ++t) {
-          WaitPhase(&empty[t % stages], (t / stages) % 2);
+          WaitForPhase(&empty[t % stages], (t / stages) % 2);
         }
       }
     }
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   int previous = -1;  // The stage of this consumer's slice still in flight.
   for (int t = kByRows ? 0 : consumer; t < tiles; t += kByRows ? 1 : kConsumers) {
     const int s = t % stages;
-    if (ablation != Ablation::kComputeOnly) WaitPhase(&full[s], (t / stages) % 2);
+    if (ablation != Ablation::kComputeOnly) WaitForPhase(&full[s], (t / stages) % 2);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     if (ablation != Ablation::kDeliveryOnly) {
 #pragma unroll
@@ -453,22 +453,10 @@ void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int t
   }
 }
 
-// A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × 64, swizzled as
-// wgmma's descriptors expect.
-CUtensorMap TileMap(PFN_cuTensorMapEncodeTiled_v12000 encode, const bf16* matrix, int rows, int in,
-                    int box_rows) {
+// SwizzledTileMap's map, or the program ends with the error.
+CUtensorMap TileMap(const bf16* matrix, int rows, int in, int box_rows) {
   CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
-  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
-  const CUresult result =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
-             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (result != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(result));
-    std::exit(1);
-  }
+  CHECK_CUDA(ttt::kernels::cuda::SwizzledTileMap(matrix, rows, in, box_rows, &map));
   return map;
 }
 
@@ -494,8 +482,8 @@ cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, si
 
 // Ours at tile width kN, where its tiles number between a quarter of the SMs and twice them.
 template <int kN, int kConsumers, int kCluster, bool kByRows, typename Flush>
-void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const bf16* x,
-              const bf16* w, const Expected& expected, int sms, Flush flush, double busy_ms) {
+void RunWgmma(const Product& p, const bf16* x, const bf16* w, const Expected& expected, int sms,
+              Flush flush, double busy_ms) {
   if constexpr (kN % (8 * kCluster) == 0) {
     // The activation's tiles start 16-byte aligned (see WgmmaKernel).
     if (expected.swiglu && kN % 16 != 0) return;
@@ -516,8 +504,8 @@ void RunWgmma(PFN_cuTensorMapEncodeTiled_v12000 encode, const Product& p, const 
     const size_t shared_bytes = stages * stage_bytes + 1024;
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(shared_bytes)));
-    const CUtensorMap x_map = TileMap(encode, x, p.rows, p.in, kTileRows);
-    const CUtensorMap w_map = TileMap(encode, w, p.out, p.in, kN / kCluster);
+    const CUtensorMap x_map = TileMap(x, p.rows, p.in, kTileRows);
+    const CUtensorMap w_map = TileMap(w, p.out, p.in, kN / kCluster);
     const char* ablation_name = std::getenv("TTT_GEMM_ABLATION");
     const Ablation ablation = !ablation_name                             ? Ablation::kNone
                               : std::string(ablation_name) == "delivery" ? Ablation::kDeliveryOnly
@@ -573,15 +561,6 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  cudaDriverEntryPointQueryResult found_encode;
-  CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled",
-                                              reinterpret_cast<void**>(&encode), 12000,
-                                              cudaEnableDefault, &found_encode));
-  if (found_encode != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "the driver has no cuTensorMapEncodeTiled\n");
-    return 1;
-  }
   std::mt19937 rng(7);
   int flushes = 0;
   auto flush = [&] { CHECK_CUDA(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes)); };
@@ -643,12 +622,12 @@ int main(int argc, char** argv) {
 
     constexpr std::integer_sequence<int, 24, 32, 48, 64, 72, 96, 128, 168, 192, 256> kWidths;
     const Expected sums{y_ours, lt, largest, false};
-    RunWgmmaWidths<1, 1, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 1, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<1, 2, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 2, false>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 1, true>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
-    RunWgmmaWidths<2, 2, true>(kWidths, encode, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 1, false>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1, false>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<1, 2, false>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2, false>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 1, true>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    RunWgmmaWidths<2, 2, true>(kWidths, p, x, w, sums, sms, flush, busy_ms);
 
     if (p.swiglu) {
       // As the engine runs it: cuBLASLt's product, then its SwiGLU kernel; against ours with
@@ -678,9 +657,9 @@ int main(int argc, char** argv) {
             std::max(largest_activation, std::fabs(static_cast<double>(activation[e])));
       }
       const Expected swiglu{act, activation, largest_activation, true};
-      RunWgmmaWidths<1, 1, false>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
-      RunWgmmaWidths<2, 1, false>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
-      RunWgmmaWidths<2, 1, true>(kWidths, encode, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<1, 1, false>(kWidths, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<2, 1, false>(kWidths, p, x, w, swiglu, sms, flush, busy_ms);
+      RunWgmmaWidths<2, 1, true>(kWidths, p, x, w, swiglu, sms, flush, busy_ms);
       CHECK_CUDA(cudaFree(act));
     }
 

@@ -17,6 +17,7 @@
 #include <cuda/ptx>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace ttt::kernels::cuda {
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < tiles; ++t) {
       const int s = t % stages;
       if (t >= stages) {
-        WaitPhase(&empty[s], (t / stages + 1) % 2);
+        WaitForPhase(&empty[s], (t / stages + 1) % 2);
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
                                        &full[s], kStageBytes);
         load(&w_map, t, w_tiles, kWElements, out0);
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(kThreads)
   int previous = -1;  // The stage of this consumer's slice still in flight.
   for (int t = consumer; t < tiles; t += kConsumers) {
     const int s = t % stages;
-    WaitPhase(&full[s], (t / stages) % 2);
+    WaitForPhase(&full[s], (t / stages) % 2);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int k = 0; k < kSliceIn; k += 16) {
@@ -311,29 +312,15 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × 64 swizzled as
-// wgmma's descriptors expect; reads past its rows or columns give zeros.
-cudaError_t TileMap(const bf16* matrix, int rows, int in, int box_rows, CUtensorMap* map) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
-  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
-  const CUresult result =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
-             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
 template <int kN, Epilogue kEpilogue>
 cudaError_t LaunchProduct(const bf16* x, int rows, int in, const bf16* w, int out,
                           const EpilogueArgs& e, cudaStream_t stream) {
   CUtensorMap x_map, w_map;
-  if (cudaError_t error = TileMap(x, rows, in, kTileRows, &x_map); error != cudaSuccess) {
+  if (cudaError_t error = SwizzledTileMap(x, rows, in, kTileRows, &x_map); error != cudaSuccess) {
     return error;
   }
-  if (cudaError_t error = TileMap(w, out, in, kN, &w_map); error != cudaSuccess) return error;
+  if (cudaError_t error = SwizzledTileMap(w, out, in, kN, &w_map); error != cudaSuccess)
+    return error;
   const int stages = Stages<kN>(in);
   const dim3 grid((out + kN - 1) / kN, (rows + kTileRows - 1) / kTileRows);
   return Launch(TensorCoreProductKernel<kN, kEpilogue>, grid, kThreads, SharedBytes<kN>(stages),
@@ -348,6 +335,19 @@ cudaError_t AllowSharedMemory(int in) {
 }
 
 }  // namespace
+
+cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
+  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
+             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 bool TensorCoreProductsAvailable(int D, int I) {
   if (D % 8 != 0 || I % 8 != 0 || TensorMapEncoder() == nullptr) return false;

@@ -2,7 +2,9 @@
 // kernels built for sm_90a (kernels/cuda/tensor_core_products.cu, bench/decode_gemm.cu).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cuda/ptx>
@@ -103,10 +105,11 @@ __device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const __nv_bf
   if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kSliceIn);
 }
 
-// Waits until the mbarrier has completed the phase of this parity (a stage filled or emptied).
-__device__ __forceinline__ void WaitPhase(uint64_t* barrier, int parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(barrier, static_cast<uint32_t>(parity))) {
-  }
-}
+// A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × kSliceIn swizzled
+// as SwizzledTile's descriptors expect; reads past its rows or columns give zeros
+// (cudaErrorNotSupported where the driver has no tensor maps). Host code, in
+// tensor_core_products.cu.
+cudaError_t SwizzledTileMap(const __nv_bfloat16* matrix, int rows, int in, int box_rows,
+                            CUtensorMap* map);
 
 }  // namespace ttt::kernels::cuda
