@@ -197,16 +197,26 @@ bool SkinnyGemmFits(int rows, const ProductInput& input, int in, ElementType typ
 cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int in, int out,
                        ElementType type, ProductOutput output, void* y, cudaStream_t stream);
 
-// The feed-forward's entry on Hopper's tensor cores (kernels/cuda/tensor_core_products.cu), for
-// bf16 weights, in two kernels where the general path takes four (o_proj, RmsNorm, gate_up,
-// SwiGlu). From the layer's output rows (bf16 [rows, D], as PostNormGate writes them):
+// A decode step's dense products on Hopper's tensor cores (kernels/cuda/tensor_core_products.cu),
+// for bf16 weights, on a GPU that runs sm_90a code, which TensorCoreProductsAvailable tells (it
+// also readies the kernels: call it once first). Their tiles are sized so that a step of 256 rows
+// fills the GPU about once, and each kernel fetches its first slices of weights before the kernel
+// it follows has ended.
+//
+// y [rows, out] (rows ld floats apart) = x · wᵀ for x bf16 [rows, in] and w bf16 [out, in], in
+// float32 (the TTT layer's fused input projection). Takes in and out multiples of 8, ld ≥ out and
+// even.
+cudaError_t TensorCoreProduct(const void* x, int rows, int in, const void* w, int out, float* y,
+                              int64_t ld, cudaStream_t stream);
+
+// The feed-forward's entry, in two kernels where the general path takes four (o_proj, RmsNorm,
+// gate_up, SwiGlu). From the layer's output rows (bf16 [rows, D], as PostNormGate writes them):
 //   o_proj:  h += post_norm_rows · o_projᵀ; normed = h ⊙ ffn_norm_weight in bf16; row_squares
 //            [SquareTiles(D), row_stride] the sums of squares of each row of h by tiles of columns;
 //   gate_up: activation [rows, I] = SwiGLU((normed · gate_upᵀ) / rms), rms from row_squares and
 //            eps, gate_up's rows interleaving gate and up as ProductOutput::kSwiGlu reads them.
 // The RMSNorm's 1/rms is a per-row scale, so it is applied to gate_up's sums rather than its
-// input. Takes D and I multiples of 8 on a GPU that runs sm_90a code, which
-// TensorCoreProductsAvailable tells (it also readies the kernels: call it once first).
+// input. Takes D and I multiples of 8.
 struct FeedForwardEntry {
   int D, I;
   float eps;

@@ -1,6 +1,8 @@
-// The feed-forward's entry on Hopper's tensor cores (see FeedForwardEntry in cuda_ops.h): o_proj
-// and gate_up as wgmma products fed by TMA, whose epilogues do the row work that otherwise takes
-// two kernels of its own (the RMSNorm before gate_up and the SwiGLU after it).
+// A decode step's dense products on Hopper's tensor cores (see TensorCoreProduct and
+// FeedForwardEntry in cuda_ops.h): wgmma products fed by TMA. The TTT layer's input projection
+// stores its sums; the feed-forward's entry, o_proj and gate_up, has epilogues that do the row
+// work that otherwise takes two kernels of its own (the RMSNorm before gate_up and the SwiGLU
+// after it).
 //
 // A block computes a 64 × kN tile of outputs. One producer warp keeps up to `stages` 64-wide
 // slices of K of x and w in flight into shared memory (TMA, 128-byte swizzled, as wgmma's
@@ -30,20 +32,25 @@ using bf16 = __nv_bfloat16;
 constexpr int kTileRows = 64, kMaxStages = 16, kConsumers = 2;
 constexpr int kThreads = 128 * kConsumers + 32;
 // Output tiles: o_proj's are narrow (its D outputs are few; 125m: 32 × 4 blocks at 256 rows),
-// gate_up's wide (2I outputs; 125m: 32 × 4).
-constexpr int kProjectionTile = 24, kGateUpTile = 128;
+// gate_up's wide (2I outputs; 125m: 32 × 4), the input projection's between (125m's 2,368
+// outputs: 33 × 4, one block an SM).
+constexpr int kProjectionTile = 24, kGateUpTile = 128, kStoreTile = 72;
 constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
 
 // The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
 constexpr int kAllConsumersBarrier = 1, kFirstConsumerBarrier = 2;
 
-enum class Epilogue { kOutputProjection, kGateUpSwiGlu };
+enum class Epilogue { kStore, kOutputProjection, kGateUpSwiGlu };
 
-// What the epilogues write and read besides the product (see FeedForwardEntry).
+// What the epilogues write and read besides the product (see TensorCoreProduct and
+// FeedForwardEntry).
 struct EpilogueArgs {
   int rows;  // The step's rows: the tiles' rows past them are TMA's zeros and not written.
   int out;   // The product's outputs.
   int D;
+  // kStore: y [rows, out], rows ld floats apart.
+  float* y;
+  int64_t ld;
   // kOutputProjection.
   float* h;
   const float* norm_weight;
@@ -56,6 +63,25 @@ struct EpilogueArgs {
   float eps;
   bf16* activation;
 };
+
+// A plain product's epilogue: y = the sums, a thread's two adjacent outputs in one store.
+template <int kN>
+__device__ __forceinline__ void StoreSums(const float* d, int top, int out0,
+                                          const EpilogueArgs& e) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const int column = out0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = top + 8 * half;
+      if (column < e.out && row < e.rows) {
+        *reinterpret_cast<float2*>(e.y + row * e.ld + column) =
+            make_float2(d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+}
 
 // o_proj's epilogue reads h where this thread's sums go (as wgmma's accumulator layout places
 // them: for each group j of 8 outputs and each half, rows `top` and `top` + 8), all before the
@@ -220,7 +246,7 @@ __global__ void __launch_bounds__(kThreads)
   ProjectionRows before;
   if constexpr (kEpilogue == Epilogue::kOutputProjection) {
     if (consumer == 0) before = LoadProjectionRows(top, out0, e);
-  } else {
+  } else if constexpr (kEpilogue == Epilogue::kGateUpSwiGlu) {
     // The rows' 1/rms, from o_proj's sums of squares, while the first slices arrive.
     if (threadIdx.x < kTileRows) {
       const int row = row0 + threadIdx.x;
@@ -269,7 +295,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
   }
-  if constexpr (kEpilogue == Epilogue::kOutputProjection) {
+  if constexpr (kEpilogue == Epilogue::kStore) {
+    StoreSums<kN>(d, top, out0, e);
+  } else if constexpr (kEpilogue == Epilogue::kOutputProjection) {
     WriteOutputProjection(d, top, out0, before, e);
   } else {
     WriteGateUpSwiGlu(d, top, row0, out0, inv_rms, w_tiles, e);
@@ -327,11 +355,13 @@ cudaError_t LaunchProduct(const bf16* x, int rows, int in, const bf16* w, int ou
                 stream, x_map, w_map, in, stages, e);
 }
 
+// Lets the kernel have the shared memory it takes at any K.
 template <int kN, Epilogue kEpilogue>
-cudaError_t AllowSharedMemory(int in) {
+cudaError_t AllowSharedMemory() {
+  constexpr int kWidestK = kMaxStages * kSliceIn;
   return cudaFuncSetAttribute(TensorCoreProductKernel<kN, kEpilogue>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(SharedBytes<kN>(Stages<kN>(in))));
+                              static_cast<int>(SharedBytes<kN>(Stages<kN>(kWidestK))));
 }
 
 }  // namespace
@@ -352,12 +382,22 @@ cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, 
 bool TensorCoreProductsAvailable(int D, int I) {
   if (D % 8 != 0 || I % 8 != 0 || TensorMapEncoder() == nullptr) return false;
   // Loads the sm_90a image: an error on any other GPU.
-  if (AllowSharedMemory<kProjectionTile, Epilogue::kOutputProjection>(D) != cudaSuccess ||
-      AllowSharedMemory<kGateUpTile, Epilogue::kGateUpSwiGlu>(D) != cudaSuccess) {
+  if (AllowSharedMemory<kStoreTile, Epilogue::kStore>() != cudaSuccess ||
+      AllowSharedMemory<kProjectionTile, Epilogue::kOutputProjection>() != cudaSuccess ||
+      AllowSharedMemory<kGateUpTile, Epilogue::kGateUpSwiGlu>() != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   return true;
+}
+
+cudaError_t TensorCoreProduct(const void* x, int rows, int in, const void* w, int out, float* y,
+                              int64_t ld, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (in % 8 != 0 || out % 8 != 0 || ld < out || ld % 2 != 0) return cudaErrorInvalidValue;
+  const EpilogueArgs e{.rows = rows, .out = out, .y = y, .ld = ld};
+  return LaunchProduct<kStoreTile, Epilogue::kStore>(static_cast<const bf16*>(x), rows, in,
+                                                     static_cast<const bf16*>(w), out, e, stream);
 }
 
 int FeedForwardEntry::SquareTiles(int D) { return (D + kProjectionTile - 1) / kProjectionTile; }

@@ -243,6 +243,14 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
                      state.layer_offset % 4 == 0 && Aligned16(h) && Aligned16(norm_weight) &&
                      Aligned16(conv_weight) && Aligned16(conv_bias) && Aligned16(next_norm_weight);
   if (quads) {
+    // in_proj's product follows, with ~200 KB of shared memory a block at batch 256: its blocks
+    // start beside this kernel's last ones only if both ask for the same carveout (as
+    // PostNormGate does before o_proj).
+    static const cudaError_t carveout =
+        cudaFuncSetAttribute(PreConvDecodeFourTapsKernel,
+                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+    if (carveout != cudaSuccess) return carveout;
     return Launch(PreConvDecodeFourTapsKernel, rows, RoundUpToWarp(D / 4), 0, stream, h, D,
                   norm_weight, eps, conv_weight, conv_bias, segments, state, history_offset,
                   next_norm_weight, y, y_type);

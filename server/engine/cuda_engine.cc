@@ -201,16 +201,17 @@ class CudaEngine : public Engine {
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
-  // Whether a step of `rows` rows takes the feed-forward's entry (o_proj, its norm, gate_up and
-  // SwiGLU) on cu::FeedForwardEntry: at batches whose tiles fill the GPU about once (the kernels'
-  // tiles are sized for 256 rows), on models no wider than kTensorCoreFeedForwardMaxWidth.
-  // Narrower or wider batches take cuBLASLt's products and the row kernels.
-  bool TensorCoreFeedForward(int64_t rows) const {
-    return tensor_core_feed_forward_ && rows >= 128 && rows <= 256;
+  // Whether a step of `rows` rows takes our tensor-core products (cu::TensorCoreProduct for
+  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at batches whose
+  // tiles fill the GPU about once (the kernels' tiles are sized for 256 rows), on models no wider
+  // than kTensorCoreProductsMaxWidth. Narrower or wider batches take cuBLASLt's products and the
+  // row kernels.
+  bool TensorCoreProducts(int64_t rows) const {
+    return tensor_core_products_ && rows >= 128 && rows <= 256;
   }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), so wider models keep cuBLASLt's.
-  static constexpr int kTensorCoreFeedForwardMaxWidth = 1024;
+  static constexpr int kTensorCoreProductsMaxWidth = 1024;
   // The TTT layer's parts as its kernels take them.
   cu::TttProjectionInputs TttInputs(int64_t layer) const;
   cu::TttScanParams TttParams(int64_t layer) const;
@@ -268,7 +269,7 @@ class CudaEngine : public Engine {
   DeviceBuffer sequence_step_layers_, sequence_step_counters_;
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
-  bool tensor_core_feed_forward_ = false;  // The GPU and the model take cu::FeedForwardEntry.
+  bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
@@ -311,9 +312,9 @@ absl::Status CudaEngine::Initialize() {
   TTT_ASSIGN_OR_RETURN(gemm_,
                        CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16, stream_));
   TTT_RETURN_IF_ERROR(UploadWeights());
-  tensor_core_feed_forward_ = options_.precision == WeightPrecision::kBFloat16 &&
-                              c.hidden_size <= kTensorCoreFeedForwardMaxWidth &&
-                              cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
+  tensor_core_products_ = options_.precision == WeightPrecision::kBFloat16 &&
+                          c.hidden_size <= kTensorCoreProductsMaxWidth &&
+                          cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
 
   const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
   TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
@@ -598,7 +599,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
-  if (tensor_core_feed_forward_) {
+  if (tensor_core_products_) {
     TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * cu::FeedForwardEntry::SquareTiles(D) * f4));
   }
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
@@ -1102,7 +1103,12 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
-  TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
+  if (TensorCoreProducts(rows)) {
+    TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
+                                   static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
+  } else {
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
+  }
   cu::TttProjectionInputs inputs = TttInputs(layer);
   inputs.proj = proj;
   const cu::TttScanParams params = TttParams(layer);
@@ -1132,7 +1138,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                    .eps = kLayerNormEps,
                                    .gate = c.use_gate ? proj + columns_.g : nullptr,
                                    .gate_ld = columns_.ld};
-  if (TensorCoreFeedForward(rows)) {
+  if (TensorCoreProducts(rows)) {
     // o_proj, then the SwiGLU feed-forward's norm and gate_up, in two kernels.
     TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
     const cu::FeedForwardEntry entry{.D = D,

@@ -1,8 +1,8 @@
-// cu::FeedForwardEntry, the feed-forward's entry on Hopper's tensor cores, against the same
-// arithmetic in double on the host: h after o_proj, the norm's bf16 input, and the SwiGLU
-// activation from gate_up scaled by each row's 1/rms. At 125m's shapes, at ragged row counts
-// (rows past the last tile's are not written) and at widths that end inside a tile and inside a
-// 64-wide slice of K. Skips without a GPU that runs sm_90a code.
+// The decode products on Hopper's tensor cores against the same arithmetic in double on the host:
+// cu::TensorCoreProduct's sums, and cu::FeedForwardEntry's h after o_proj, the norm's bf16 input
+// and the SwiGLU activation from gate_up scaled by each row's 1/rms. At 125m's shapes, at ragged
+// row counts (rows past the last tile's are not written) and at widths that end inside a tile and
+// inside a 64-wide slice of K. Skips without a GPU that runs sm_90a code.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -151,6 +151,63 @@ INSTANTIATE_TEST_SUITE_P(
       return std::to_string(info.param.rows) + "x" + std::to_string(info.param.D) + "x" +
              std::to_string(info.param.I);
     });
+
+struct ProductShape {
+  int rows, in, out, ld;
+};
+
+class TensorCoreProductTest : public ::testing::TestWithParam<ProductShape> {};
+
+TEST_P(TensorCoreProductTest, SumsMatchDouble) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  const auto [rows, in, out, ld] = GetParam();
+  if (!cu::TensorCoreProductsAvailable(in, out)) {
+    GTEST_SKIP() << "this GPU does not run sm_90a code";
+  }
+  std::mt19937 rng(static_cast<unsigned>(rows * 7919 + in * 31 + out));
+  const std::vector<bf16> x = RandomBf16(static_cast<size_t>(rows) * in, 1.0f, rng);
+  const std::vector<bf16> w = RandomBf16(static_cast<size_t>(out) * in, 1.0f / std::sqrt(in), rng);
+  // y [rows + 1, ld]: the columns past `out` and the row past the step's are sentinels.
+  constexpr float kSentinel = 12345.0f;
+  DeviceArray<bf16> d_x(x), d_w(w);
+  DeviceArray<float> d_y(std::vector<float>(static_cast<size_t>(rows + 1) * ld, kSentinel));
+  ASSERT_EQ(cu::TensorCoreProduct(d_x.get(), rows, in, d_w.get(), out, d_y.get(), ld, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y = d_y.ToHost();
+  for (int r = 0; r <= rows; ++r) {
+    for (int o = 0; o < ld; ++o) {
+      const float got = y[static_cast<size_t>(r) * ld + o];
+      if (r == rows || o >= out) {
+        ASSERT_EQ(got, kSentinel) << "y past the product, row " << r << ", column " << o;
+        continue;
+      }
+      double magnitude = 0;
+      const double want = Dot(&x[static_cast<size_t>(r) * in], &w[static_cast<size_t>(o) * in],
+                              in, &magnitude);
+      ASSERT_NEAR(got, want, 1e-5 * magnitude + 1e-6) << "row " << r << ", column " << o;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, TensorCoreProductTest,
+    ::testing::Values(ProductShape{256, 768, 2368, 2368},  // 125m's in_proj at batch 256.
+                      ProductShape{200, 128, 136, 142},    // Rows and outputs inside a tile.
+                      ProductShape{130, 72, 40, 40}),      // K ending inside a slice.
+    [](const ::testing::TestParamInfo<ProductShape>& info) {
+      return std::to_string(info.param.rows) + "x" + std::to_string(info.param.in) + "x" +
+             std::to_string(info.param.out) + "_ld" + std::to_string(info.param.ld);
+    });
+
+TEST(TensorCoreProductTest, RefusesShapesItCannotTake) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  float* y = nullptr;
+  EXPECT_EQ(cu::TensorCoreProduct(nullptr, 1, 100, nullptr, 64, y, 64, nullptr),
+            cudaErrorInvalidValue);  // in not a multiple of 8.
+  EXPECT_EQ(cu::TensorCoreProduct(nullptr, 1, 64, nullptr, 64, y, 63, nullptr),
+            cudaErrorInvalidValue);  // ld under out.
+}
 
 TEST(TensorCoreProductsAvailableTest, RefusesWidthsTmaCannotStride) {
   if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
