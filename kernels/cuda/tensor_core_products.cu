@@ -31,10 +31,15 @@ using bf16 = __nv_bfloat16;
 // kMaxStages: slices in flight at most (the size of the stages' barrier arrays).
 constexpr int kTileRows = 64, kMaxStages = 16, kConsumers = 2;
 constexpr int kThreads = 128 * kConsumers + 32;
-// Output tiles: o_proj's are narrow (its D outputs are few; 125m: 32 × 4 blocks at 256 rows),
-// gate_up's wide (2I outputs; 125m: 32 × 4), the input projection's between (125m's 2,368
-// outputs: 33 × 4, one block an SM).
-constexpr int kProjectionTile = 24, kGateUpTile = 128, kStoreTile = 72;
+// Output tiles, sized so that a product's blocks leave about a quarter of the SMs or more to the
+// kernel after it, whose blocks start there while the product runs (bench/README.md v27):
+// - o_proj's narrow: its D outputs are few (125m: 24 × 4 blocks at 256 rows), and gate_up's
+//   blocks fetch their first slices of w beside them;
+// - gate_up's wide (2I outputs; 125m: 32 × 4);
+// - the input projection's (kStore): 125m's 2,368 outputs in 25 × 4 blocks at 256 rows, 33 × 2
+//   at 128, the TTT kernel after it streaming its state beside them.
+constexpr int kProjectionTile = 32, kGateUpTile = 128;
+constexpr int kStoreTile = 96, kStoreTileFewRows = 72;  // The latter up to 128 rows.
 constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
 
 // The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
@@ -383,6 +388,7 @@ bool TensorCoreProductsAvailable(int D, int I) {
   if (D % 8 != 0 || I % 8 != 0 || TensorMapEncoder() == nullptr) return false;
   // Loads the sm_90a image: an error on any other GPU.
   if (AllowSharedMemory<kStoreTile, Epilogue::kStore>() != cudaSuccess ||
+      AllowSharedMemory<kStoreTileFewRows, Epilogue::kStore>() != cudaSuccess ||
       AllowSharedMemory<kProjectionTile, Epilogue::kOutputProjection>() != cudaSuccess ||
       AllowSharedMemory<kGateUpTile, Epilogue::kGateUpSwiGlu>() != cudaSuccess) {
     cudaGetLastError();
@@ -396,8 +402,13 @@ cudaError_t TensorCoreProduct(const void* x, int rows, int in, const void* w, in
   if (rows == 0) return cudaSuccess;
   if (in % 8 != 0 || out % 8 != 0 || ld < out || ld % 2 != 0) return cudaErrorInvalidValue;
   const EpilogueArgs e{.rows = rows, .out = out, .y = y, .ld = ld};
-  return LaunchProduct<kStoreTile, Epilogue::kStore>(static_cast<const bf16*>(x), rows, in,
-                                                     static_cast<const bf16*>(w), out, e, stream);
+  const auto* x_rows = static_cast<const bf16*>(x);
+  const auto* weights = static_cast<const bf16*>(w);
+  return rows <= 2 * kTileRows ? LaunchProduct<kStoreTileFewRows, Epilogue::kStore>(
+                                     x_rows, rows, in, weights, out, e, stream)
+                               : LaunchProduct<kStoreTile, Epilogue::kStore>(x_rows, rows, in,
+                                                                             weights, out, e,
+                                                                             stream);
 }
 
 int FeedForwardEntry::SquareTiles(int D) { return (D + kProjectionTile - 1) / kProjectionTile; }

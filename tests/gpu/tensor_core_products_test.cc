@@ -192,7 +192,8 @@ TEST_P(TensorCoreProductTest, SumsMatchDouble) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, TensorCoreProductTest,
-    ::testing::Values(ProductShape{256, 768, 2368, 2368},  // 125m's in_proj at batch 256.
+    ::testing::Values(ProductShape{256, 768, 2368, 2368},  // 125m's in_proj at batch 256
+                      ProductShape{128, 768, 2368, 2368},  // and 128 (their tiles differ).
                       ProductShape{200, 128, 136, 142},    // Rows and outputs inside a tile.
                       ProductShape{130, 72, 40, 40}),      // K ending inside a slice.
     [](const ::testing::TestParamInfo<ProductShape>& info) {
