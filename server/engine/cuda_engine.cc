@@ -202,12 +202,13 @@ class CudaEngine : public Engine {
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
   // Whether a step of `rows` rows takes our tensor-core products (cu::TensorCoreProduct for
-  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at batches whose
-  // tiles fill the GPU about once (the kernels' tiles are sized for 256 rows), on models no wider
-  // than kTensorCoreProductsMaxWidth. Narrower or wider batches take cuBLASLt's products and the
-  // row kernels.
+  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at 64–256 rows (the
+  // kernels' tiles are sized for 256; at 512 their blocks take two waves, and below 64 the SMs
+  // they leave idle cost more than the kernels they start beside gain: bench/README.md v26, v27),
+  // on models no wider than kTensorCoreProductsMaxWidth. Other steps take cuBLASLt's products
+  // and the row kernels.
   bool TensorCoreProducts(int64_t rows) const {
-    return tensor_core_products_ && rows >= 128 && rows <= 256;
+    return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), so wider models keep cuBLASLt's.

@@ -247,29 +247,36 @@ void ExpectWithinBf16Bounds(const Bf16Agreement& agreement, const char* label) {
   EXPECT_GE(double(agreement.agree) / agreement.positions, 0.98) << label;
 }
 
-// bf16 weights at batch 256 (the golden models' test decodes a sequence at a time, its products
-// on SkinnyGemm; here they run on cuBLAS, and on Hopper the feed-forward's entry on our
-// tensor-core kernels), against the CPU engine in float32: a random model, 256 sequences at mixed
-// offsets decoding 20 steps, held to the golden models' bounds.
-TEST(CudaBFloat16Test, BatchOf256CloseToTheCpuEngine) {
+// bf16 weights at batches of 256 and 64 (the golden models' test decodes a sequence at a time,
+// its products on SkinnyGemm; here they run on cuBLAS, and on Hopper on our tensor-core kernels,
+// whose tiles differ at the two batches), against the CPU engine in float32: a random model,
+// sequences at mixed offsets decoding 20 steps, held to the golden models' bounds.
+class CudaBFloat16BatchTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaBFloat16BatchTest, CloseToTheCpuEngine) {
   SKIP_WITHOUT_GPU();
+  const int sequences = GetParam();
   const ModelConfig c = Bf16TestConfig();
   auto model = testing::RandomModel(c, 11);
   CpuEngine cpu(model);
-  auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, 256);
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, sequences);
   ASSERT_NE(gpu, nullptr);
-  constexpr int kSequences = 256;
-  std::vector<int64_t> prompt_lengths(kSequences);
-  for (int s = 0; s < kSequences; ++s) prompt_lengths[s] = 1 + s % 23;
+  std::vector<int64_t> prompt_lengths(sequences);
+  for (int s = 0; s < sequences; ++s) prompt_lengths[s] = 1 + s % 23;
   Bf16Agreement agreement;
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20,
                                         LogitsFor::kNone, /*seed=*/5,
                                         AddRows(c.vocab_size, &agreement)));
-  ExpectWithinBf16Bounds(agreement, "batch 256");
+  ExpectWithinBf16Bounds(agreement, ("batch " + std::to_string(sequences)).c_str());
 }
 
-// A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes the feed-forward's
-// tensor-core entry (bf16 steps of 128-256 rows) with rows that end inside its 64-row tiles:
+INSTANTIATE_TEST_SUITE_P(Batches, CudaBFloat16BatchTest, ::testing::Values(256, 64),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "Of" + std::to_string(info.param);
+                         });
+
+// A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes our tensor-core
+// products (bf16 steps of 64-256 rows) with rows that end inside their 64-row tiles:
 // every prompt position's logits against the CPU engine, then 10 decode steps, held to the golden
 // models' bounds.
 TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
