@@ -199,9 +199,9 @@ cudaError_t SkinnyGemm(int rows, const ProductInput& input, const void* w, int i
 
 // A decode step's dense products on Hopper's tensor cores (kernels/cuda/tensor_core_products.cu),
 // for bf16 weights, on a GPU that runs sm_90a code, which TensorCoreProductsAvailable tells (it
-// also readies the kernels: call it once first). Their tiles are sized so that a step of 256 rows
-// fills the GPU about once, and each kernel fetches its first slices of weights before the kernel
-// it follows has ended.
+// also readies the kernels: call it once first). Their tiles are sized for decode steps of up to
+// 256 rows, each product leaving some SMs to the kernel after it, and each kernel fetches its
+// first slices of weights before the kernel it follows has ended.
 //
 // y [rows, out] (rows ld floats apart) = x · wᵀ for x bf16 [rows, in] and w bf16 [out, in], in
 // float32 (the TTT layer's fused input projection). Takes in and out multiples of 8, ld ≥ out and

@@ -7,8 +7,8 @@
 // A block computes a 64 × kN tile of outputs. One producer warp keeps up to `stages` 64-wide
 // slices of K of x and w in flight into shared memory (TMA, 128-byte swizzled, as wgmma's
 // descriptors read them); kConsumers warpgroups take the slices in turn, each keeping one slice's
-// wgmmas in flight while it issues the next, and add their sums at the end. Tiles are sized so
-// that a 256-row decode step's tiles about fill the GPU once (bench/README.md v14).
+// wgmmas in flight while it issues the next, and add their sums at the end. Tiles are sized for
+// 256-row decode steps (bench/README.md v14, v27: kProjectionTile and the others below).
 //
 // wgmma is an sm_90a instruction: this file is built for that target alone (kernels/CMakeLists.txt)
 // and TensorCoreProductsAvailable() tells whether the device runs it.

@@ -202,11 +202,10 @@ class CudaEngine : public Engine {
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
   // Whether a step of `rows` rows takes our tensor-core products (cu::TensorCoreProduct for
-  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at 64–256 rows (the
-  // kernels' tiles are sized for 256; at 512 their blocks take two waves, and below 64 the SMs
-  // they leave idle cost more than the kernels they start beside gain: bench/README.md v26, v27),
-  // on models no wider than kTensorCoreProductsMaxWidth. Other steps take cuBLASLt's products
-  // and the row kernels.
+  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at 64–256 rows, on
+  // models no wider than kTensorCoreProductsMaxWidth. The kernels' tiles are sized for 256 rows;
+  // at 512 their blocks take two waves (bench/README.md v26, v27), and fewer than 64 rows were not
+  // measured with them. Other steps take cuBLASLt's products and the row kernels.
   bool TensorCoreProducts(int64_t rows) const {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
