@@ -9,7 +9,8 @@
 #
 # Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json
 # (bench/record.py): the commit (COMMIT overrides it), the machine, the command, the variants, and
-# a run per variant and round with ttt-bench's results. Prints step p50 / p99 a line each.
+# a run per variant and round with ttt-bench's results. Prints step p50 / p99 a line each as the
+# rounds run, then each variant's medians against the tree's (bench/summarize.py).
 # TARGETS (ninja targets, default bench/ttt-bench) are built for every variant; with KEEP=DIR each
 # variant's binaries stay in DIR/VARIANT/ (so that its tests can run after), else they are removed.
 set -euo pipefail
@@ -81,3 +82,4 @@ COMMIT=${COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || true)} \
   python3 "$root/bench/record.py" "$out" "ttt-bench ${bench_args[*]}" --runs "$runs" \
   --variants "${variants[@]}"
 echo "compare: wrote $out" >&2
+python3 "$root/bench/summarize.py" "$out" >&2

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Prints what a bench/compare.sh record says: for each configuration, each variant's medians.
+
+    summarize.py RECORD.json
+
+A line per (configuration, variant): the medians over the rounds of step p50 and p99 (ms) and of
+tokens/s (the median step's and the mean step's), and step p50's change against the first
+variant, the tree the others were applied to. Medians, because a round now and then lands on a
+slower moment of the machine.
+"""
+import argparse
+import json
+import statistics
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("record")
+    args = parser.parse_args()
+    with open(args.record) as f:
+        record = json.load(f)
+    runs = record.get("runs", [])
+    if not runs or not all("variant" in run and "results" in run for run in runs):
+        parser.error(f"{args.record} is not a bench/compare.sh record (no runs of variants)")
+    # In the order they ran (older records do not list them).
+    variants = record.get("variants") or list(dict.fromkeys(run["variant"] for run in runs))
+
+    # (model, batch, offset) -> variant -> that configuration's results, a round each.
+    configurations = {}
+    for run in runs:
+        for result in run["results"]:
+            key = (result["model"], result["batch"], result["offset"])
+            configurations.setdefault(key, {}).setdefault(run["variant"], []).append(result)
+
+    def median(results, field):
+        return statistics.median(r[field] for r in results)
+
+    def rate(tokens_per_s):
+        return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:.0f}"
+
+    print(record.get("command", ""))
+    for (model, batch, offset), by_variant in configurations.items():
+        print(f"{model} batch {batch} offset {offset}:")
+        base = None
+        for variant in variants:
+            results = by_variant.get(variant)
+            if not results:
+                continue
+            p50 = median(results, "step_ms_p50")
+            change = "" if base is None else f" ({(p50 / base - 1) * 100:+.1f}%)"
+            base = p50 if base is None else base
+            print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}, "
+                  f"p99 {median(results, 'step_ms_p99'):.4f}, "
+                  f"{rate(median(results, 'tokens_per_s'))} tokens/s "
+                  f"(sustained {rate(median(results, 'tokens_per_s_mean'))}), "
+                  f"{len(results)} round{'s' if len(results) != 1 else ''}")
+
+
+if __name__ == "__main__":
+    main()
