@@ -10,13 +10,22 @@
 //   state        each (sequence, head) reads 24 KB and writes 2 KB (a head's W1, window and conv
 //                history at f = 64, and a row), a warp an item;
 //   products     in_proj, o_proj (added into its output), gate_up, down (added), bf16 weights
-//                and inputs, float32 outputs, as the engine plans them;
+//                and inputs, float32 outputs, as the engine plans them: all four cuBLASLt's
+//                ("lt"), or as the engine takes them at 64–256 rows ("ours": in_proj on
+//                cu::TensorCoreProduct, o_proj with the norm and gate_up with SwiGLU on
+//                cu::FeedForwardEntry, down on cuBLASLt). Each of our kernels' blocks takes more
+//                than half an SM's shared memory, so it holds to the SMs its grid fills;
 //   serial       a layer's state, then its products, on one stream: the engine's order;
 //   lanes        half the sequences each: lane A a layer's state then its products, lane B its
 //                products then its state, so each lane's state streams while the other's
-//                products run.
-// Halves ("_half") run alone as well, each on its share of SMs.
-// Prints one JSON line per (preset, case, SM shares): µs a layer, median of 15 graph launches.
+//                products run;
+//   lanes_held   the same with each state kernel replaced by one that holds its SMs for as
+//                long as the half's state took alone and moves no bytes.
+// Halves ("_half") run alone as well, each on its share of SMs. The row kernels between the
+// products (the engine's PreConvDecode and PostNormGate) are left out of both forms.
+// Prints one JSON line per (preset, products, case, SM shares): µs a layer, median of 15 graph
+// launches. "ours" runs where the GPU runs sm_90a code and the preset is one the engine takes
+// them at (125m).
 //   ttt-lanes [125m|1b ...]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -31,8 +40,12 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "kernels/cuda_ops.h"
 
 namespace {
+
+namespace cu = ttt::kernels::cuda;
+using bf16 = __nv_bfloat16;
 
 constexpr int kBatch = 256, kHalf = kBatch / 2;
 constexpr int kWarp = 32, kStateThreads = 1024, kStateWarps = kStateThreads / kWarp;
@@ -46,6 +59,10 @@ struct Preset {
   int hidden, intermediate, heads, layers;
 };
 constexpr Preset kPresets[] = {{"125m", 768, 2048, 12, 12}, {"1b", 2048, 5504, 32, 24}};
+// The widest model the engine takes our products for (CudaEngine::kTensorCoreProductsMaxWidth).
+constexpr int kOurProductsMaxWidth = 1024;
+
+enum class ProductKernels { kCublasLt, kOurs };
 
 // Items [first, first + count) of a layer: (sequence, head) pairs, a warp each, grid-strided.
 __global__ void __launch_bounds__(kStateThreads)
@@ -69,6 +86,20 @@ __global__ void __launch_bounds__(kStateThreads)
   }
 }
 
+// Holds its SMs as StreamState does, for `nanoseconds`, moving no bytes: whether lanes that do
+// not overlap are held back by what the two kinds of work share (memory) or by where their
+// blocks run.
+__global__ void __launch_bounds__(kStateThreads) HoldSms(long long nanoseconds) {
+  auto now = [] {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  };
+  const long long start = now();
+  while (now() - start < nanoseconds) {
+  }
+}
+
 // in_proj, o_proj, gate_up, down: o_proj and down add into their outputs (the residual).
 constexpr bool kAddsToOutput[4] = {false, true, false, true};
 
@@ -79,12 +110,19 @@ struct Step {
   void* workspace[2];  // A lane each: two products running at once may not share one.
   const float4* state;
   float4* rows;
-  const __nv_bfloat16* weights;  // [layers][in_proj, o_proj, gate_up, down]
+  const bf16* weights;  // [layers][in_proj, o_proj, gate_up, down]
   size_t layer_weights;
-  const __nv_bfloat16* x;  // [kBatch][intermediate]: every product's input.
-  float* y;                // [kBatch][widest output]
+  const bf16* x;  // [kBatch][intermediate]: every product's input.
+  float* y;       // [kBatch][widest output]
   int product_in[4], product_out[4];
   size_t weight_offset[4];
+  // Our products' buffers: the residual rows h (down adds into them too), the norm's input,
+  // the rows' sums of squares by o_proj's column tiles, the activation.
+  float* h;               // [kBatch][hidden]
+  bf16* normed;           // [kBatch][hidden]
+  float* row_squares;     // [square tiles][kBatch]
+  bf16* activation;       // [kBatch][intermediate]
+  const float* ffn_norm;  // [hidden]
 
   // The state kernel for sequences [first, first + count) on `blocks` SMs.
   void State(int layer, int first, int count, int blocks, cudaStream_t stream) const {
@@ -94,17 +132,64 @@ struct Step {
     CHECK_CUDA(cudaGetLastError());
   }
 
+  // What State(…, count, blocks, …) costs in time alone, `us` µs, with no memory traffic.
+  void Hold(float us, int blocks, cudaStream_t stream) const {
+    HoldSms<<<blocks, kStateThreads, kStateSharedBytes, stream>>>(
+        static_cast<long long>(us * 1e3f));
+    CHECK_CUDA(cudaGetLastError());
+  }
+
   // A layer's four products for rows [first, first + plans' rows), with the given plans.
   void Products(int layer, int first, const std::vector<LtPlan>& plans, int lane,
                 cudaStream_t stream) const {
     for (int p = 0; p < 4; ++p) {
       const float alpha = 1.0f, beta = kAddsToOutput[p] ? 1.0f : 0.0f;
-      const __nv_bfloat16* w = weights + layer * layer_weights + weight_offset[p];
-      const __nv_bfloat16* xs = x + static_cast<size_t>(first) * product_in[p];
+      const bf16* w = weights + layer * layer_weights + weight_offset[p];
+      const bf16* xs = x + static_cast<size_t>(first) * product_in[p];
       float* ys = y + static_cast<size_t>(first) * product_out[p];
       CHECK_CUBLAS(cublasLtMatmul(handle, plans[p].desc, &alpha, w, plans[p].w, xs, plans[p].x,
                                   &beta, ys, plans[p].y, ys, plans[p].y, &plans[p].algo,
                                   workspace[lane], workspace_bytes, stream));
+    }
+  }
+
+  // The same four products as the engine takes them at 64–256 rows, for rows [first, first +
+  // rows); `down` is cuBLASLt's plan for the last.
+  void OurProducts(int layer, int first, int rows, const LtPlan& down, int lane,
+                   cudaStream_t stream) const {
+    const int H = preset.hidden, I = preset.intermediate;
+    const bf16* w = weights + layer * layer_weights;
+    const bf16* rows_in = x + static_cast<size_t>(first) * H;
+    CHECK_CUDA(cu::TensorCoreProduct(rows_in, rows, H, w + weight_offset[0], product_out[0],
+                                     y + static_cast<size_t>(first) * product_out[0],
+                                     product_out[0], stream));
+    const cu::FeedForwardEntry entry{.D = H,
+                                     .I = I,
+                                     .eps = 1e-6f,
+                                     .o_proj = w + weight_offset[1],
+                                     .gate_up = w + weight_offset[2],
+                                     .ffn_norm_weight = ffn_norm,
+                                     .post_norm_rows = rows_in,
+                                     .h = h + static_cast<size_t>(first) * H,
+                                     .normed = normed + static_cast<size_t>(first) * H,
+                                     .row_squares = row_squares + first,
+                                     .row_stride = kBatch,
+                                     .activation = activation + static_cast<size_t>(first) * I};
+    CHECK_CUDA(entry.Run(rows, stream));
+    const float alpha = 1.0f, beta = 1.0f;
+    const bf16* act = activation + static_cast<size_t>(first) * I;
+    float* hs = h + static_cast<size_t>(first) * H;
+    CHECK_CUBLAS(cublasLtMatmul(handle, down.desc, &alpha, w + weight_offset[3], down.w, act,
+                                down.x, &beta, hs, down.y, hs, down.y, &down.algo, workspace[lane],
+                                workspace_bytes, stream));
+  }
+
+  void Run(ProductKernels kind, int layer, int first, int rows, const std::vector<LtPlan>& plans,
+           int lane, cudaStream_t stream) const {
+    if (kind == ProductKernels::kOurs) {
+      OurProducts(layer, first, rows, plans[3], lane, stream);
+    } else {
+      Products(layer, first, plans, lane, stream);
     }
   }
 
@@ -151,12 +236,12 @@ float TimeGraph(const Step& step, cudaStream_t a, cudaStream_t b,
   return 1000.0f * times[times.size() / 2] / step.preset.layers;
 }
 
-void Print(const char* gpu, const Preset& preset, const char* name, int state_sms, int product_sms,
-           float us) {
+void Print(const char* gpu, const Preset& preset, const char* products, const char* name,
+           int state_sms, int product_sms, float us) {
   std::printf(
-      "{\"gpu\":\"%s\",\"preset\":\"%s\",\"case\":\"%s\",\"batch\":%d,\"state_sms\":%d,"
-      "\"product_sms\":%d,\"us_per_layer\":%.2f}\n",
-      gpu, preset.name, name, kBatch, state_sms, product_sms, us);
+      "{\"gpu\":\"%s\",\"preset\":\"%s\",\"products\":\"%s\",\"case\":\"%s\","
+      "\"batch\":%d,\"state_sms\":%d,\"product_sms\":%d,\"us_per_layer\":%.2f}\n",
+      gpu, preset.name, products, name, kBatch, state_sms, product_sms, us);
   std::fflush(stdout);
 }
 
@@ -173,21 +258,30 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
   }
   const size_t items = static_cast<size_t>(kBatch) * L * preset.heads;
   float4 *state, *rows;
-  __nv_bfloat16 *weights, *x;
-  float* y;
+  bf16 *weights, *x;
+  float *y, *h, *row_squares, *ffn_norm;
+  bf16 *normed, *activation;
   void* workspace[2];
   const size_t workspace_bytes = size_t{32} << 20;
+  const size_t square_tiles = cu::FeedForwardEntry::SquareTiles(H);
   CHECK_CUDA(cudaMalloc(&state, items * kReadPieces * sizeof(float4)));
   CHECK_CUDA(cudaMalloc(&rows, items * kWritePieces * sizeof(float4)));
-  CHECK_CUDA(cudaMalloc(&weights, L * layer_weights * sizeof(__nv_bfloat16)));
-  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(kBatch) * I * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMalloc(&weights, L * layer_weights * sizeof(bf16)));
+  CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(kBatch) * I * sizeof(bf16)));
   CHECK_CUDA(cudaMalloc(&y, static_cast<size_t>(kBatch) * 2 * I * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&h, static_cast<size_t>(kBatch) * H * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&row_squares, square_tiles * kBatch * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&ffn_norm, H * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&normed, static_cast<size_t>(kBatch) * H * sizeof(bf16)));
+  CHECK_CUDA(cudaMalloc(&activation, static_cast<size_t>(kBatch) * I * sizeof(bf16)));
   for (void*& w : workspace) CHECK_CUDA(cudaMalloc(&w, workspace_bytes));
   // Small finite values (bf16 0x3c3c is ~0.011): only time is measured.
   CHECK_CUDA(cudaMemset(state, 0, items * kReadPieces * sizeof(float4)));
-  CHECK_CUDA(cudaMemset(weights, 0x3c, L * layer_weights * sizeof(__nv_bfloat16)));
-  CHECK_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(kBatch) * I * sizeof(__nv_bfloat16)));
+  CHECK_CUDA(cudaMemset(weights, 0x3c, L * layer_weights * sizeof(bf16)));
+  CHECK_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(kBatch) * I * sizeof(bf16)));
   CHECK_CUDA(cudaMemset(y, 0, static_cast<size_t>(kBatch) * 2 * I * sizeof(float)));
+  CHECK_CUDA(cudaMemset(h, 0, static_cast<size_t>(kBatch) * H * sizeof(float)));
+  CHECK_CUDA(cudaMemset(ffn_norm, 0, H * sizeof(float)));
 
   Step step{preset,
             handle,
@@ -201,7 +295,12 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
             y,
             {},
             {},
-            {}};
+            {},
+            h,
+            normed,
+            row_squares,
+            activation,
+            ffn_norm};
   for (int p = 0; p < 4; ++p) {
     step.product_in[p] = in[p];
     step.product_out[p] = out[p];
@@ -212,38 +311,59 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
   CHECK_CUDA(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
 
   // Times one case: `layer(l)` enqueues layer l's work, for every layer, in one graph.
-  auto measure = [&](const char* name, int state_sms, int product_sms, auto layer) {
+  auto measure = [&](const char* products, const char* name, int state_sms, int product_sms,
+                     auto layer) {
     const float us = TimeGraph(step, a, b, [&] {
       for (int l = 0; l < L; ++l) layer(l);
     });
-    Print(device.name, preset, name, state_sms, product_sms, us);
+    Print(device.name, preset, products, name, state_sms, product_sms, us);
+    return us;
   };
-  const std::vector<LtPlan> whole = step.Plans(kBatch, 0);
-  measure("state", sms, 0, [&](int l) { step.State(l, 0, kBatch, sms, a); });
-  measure("products", 0, sms, [&](int l) { step.Products(l, 0, whole, 0, a); });
-  measure("serial", sms, sms, [&](int l) {
-    step.State(l, 0, kBatch, sms, a);
-    step.Products(l, 0, whole, 0, a);
-  });
-  for (const int state_sms : {sms / 4, sms / 3, sms / 2}) {
-    const int product_sms = sms - state_sms;
-    const std::vector<LtPlan> half = step.Plans(kHalf, product_sms);
-    measure("state_half", state_sms, 0, [&](int l) { step.State(l, 0, kHalf, state_sms, a); });
-    measure("products_half", 0, product_sms, [&](int l) { step.Products(l, 0, half, 0, a); });
-    measure("lanes", state_sms, product_sms, [&](int l) {
-      step.State(l, 0, kHalf, state_sms, a);
-      step.Products(l, 0, half, 0, a);
-      step.Products(l, kHalf, half, 1, b);
-      step.State(l, kHalf, kHalf, state_sms, b);
-    });
-    for (const LtPlan& plan : half) DestroyLt(plan);
+  measure("", "state", sms, 0, [&](int l) { step.State(l, 0, kBatch, sms, a); });
+  std::vector<std::pair<ProductKernels, const char*>> kinds = {{ProductKernels::kCublasLt, "lt"}};
+  if (H <= kOurProductsMaxWidth && cu::TensorCoreProductsAvailable(H, I)) {
+    kinds.emplace_back(ProductKernels::kOurs, "ours");
   }
-  for (const LtPlan& plan : whole) DestroyLt(plan);
+  for (const auto& kind_and_name : kinds) {
+    const ProductKernels kind = kind_and_name.first;
+    const char* products = kind_and_name.second;
+    const std::vector<LtPlan> whole = step.Plans(kBatch, 0);
+    measure(products, "products", 0, sms,
+            [&](int l) { step.Run(kind, l, 0, kBatch, whole, 0, a); });
+    measure(products, "serial", sms, sms, [&](int l) {
+      step.State(l, 0, kBatch, sms, a);
+      step.Run(kind, l, 0, kBatch, whole, 0, a);
+    });
+    for (const int state_sms : {sms / 4, sms / 3, sms / 2}) {
+      const int product_sms = sms - state_sms;
+      const std::vector<LtPlan> half = step.Plans(kHalf, product_sms);
+      const float state_us = measure(products, "state_half", state_sms, 0,
+                                     [&](int l) { step.State(l, 0, kHalf, state_sms, a); });
+      measure(products, "products_half", 0, product_sms,
+              [&](int l) { step.Run(kind, l, 0, kHalf, half, 0, a); });
+      measure(products, "lanes", state_sms, product_sms, [&](int l) {
+        step.State(l, 0, kHalf, state_sms, a);
+        step.Run(kind, l, 0, kHalf, half, 0, a);
+        step.Run(kind, l, kHalf, kHalf, half, 1, b);
+        step.State(l, kHalf, kHalf, state_sms, b);
+      });
+      measure(products, "lanes_held", state_sms, product_sms, [&](int l) {
+        step.Hold(state_us, state_sms, a);
+        step.Run(kind, l, 0, kHalf, half, 0, a);
+        step.Run(kind, l, kHalf, kHalf, half, 1, b);
+        step.Hold(state_us, state_sms, b);
+      });
+      for (const LtPlan& plan : half) DestroyLt(plan);
+    }
+    for (const LtPlan& plan : whole) DestroyLt(plan);
+  }
   CHECK_CUDA(cudaStreamDestroy(a));
   CHECK_CUDA(cudaStreamDestroy(b));
   for (void* w : workspace) CHECK_CUDA(cudaFree(w));
   for (void* p : {static_cast<void*>(state), static_cast<void*>(rows), static_cast<void*>(weights),
-                  static_cast<void*>(x), static_cast<void*>(y)}) {
+                  static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(h),
+                  static_cast<void*>(row_squares), static_cast<void*>(ffn_norm),
+                  static_cast<void*>(normed), static_cast<void*>(activation)}) {
     CHECK_CUDA(cudaFree(p));
   }
 }
@@ -253,8 +373,11 @@ void Run(const Preset& preset, const cudaDeviceProp& device, cublasLtHandle_t ha
 int main(int argc, char** argv) {
   cudaDeviceProp device;
   CHECK_CUDA(cudaGetDeviceProperties(&device, 0));
-  CHECK_CUDA(cudaFuncSetAttribute(StreamState, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kStateSharedBytes));
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(StreamState), reinterpret_cast<const void*>(HoldSms)}) {
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kStateSharedBytes));
+  }
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
   for (const Preset& preset : kPresets) {
