@@ -5,7 +5,8 @@
 //   ttt-bench --backend cuda --preset 1b --batch 1 --timeline steps.csv   (then timeline.py)
 //   ttt-bench --backend cuda --preset 1b --batch 1 --single_sequence_kernel off   (one path)
 //
-// Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill), then
+// Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill; with
+// --staggered, to offsets spread over a window, as a server's sequences are), then
 // times `steps` decode steps of one token per sequence, the engine choosing the tokens (greedy,
 // or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
 // every sequence's state read once per step, over the device-to-device copy bandwidth measured
@@ -42,6 +43,10 @@ ABSL_FLAG(std::string, inner, "linear", "With --preset: linear or mlp.");
 ABSL_FLAG(std::string, backbone, "mamba", "With --preset: mamba or transformer.");
 ABSL_FLAG(std::string, batch, "1,16", "Batch sizes, comma separated.");
 ABSL_FLAG(int64_t, offset, 64, "Tokens each sequence holds before the timed steps.");
+ABSL_FLAG(bool, staggered, false,
+          "Sequence b holds offset + b % mini_batch_size tokens, so that every step closes the "
+          "windows of one sequence in mini_batch_size, as a server's sequences do, rather than "
+          "every window at once in every mini_batch_size-th step.");
 ABSL_FLAG(int32_t, steps, 128, "Timed decode steps per configuration.");
 ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
 ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine call.");
@@ -157,20 +162,28 @@ absl::Status Run() {
     TTT_ASSIGN_OR_RETURN(const double bandwidth, CopyBandwidth(engine.backend()));
     std::vector<SequenceChunk> chunks(batch);
     std::vector<std::vector<int32_t>> tokens(batch);
+    const int64_t offset = absl::GetFlag(FLAGS_offset), step = absl::GetFlag(FLAGS_prefill_chunk);
+    const bool staggered = absl::GetFlag(FLAGS_staggered);
+    int64_t prompt_tokens = 0;
     for (int32_t b = 0; b < batch; ++b) {
       TTT_ASSIGN_OR_RETURN(chunks[b].slot, engine.CreateSequence());
-      tokens[b].resize(absl::GetFlag(FLAGS_offset));
+      tokens[b].resize(offset + (staggered ? b % c.mini_batch_size : 0));
       for (int32_t& t : tokens[b]) t = token(rng);
-      chunks[b].tokens = tokens[b];
+      prompt_tokens += tokens[b].size();
     }
     std::vector<float> logits;
-    const int64_t offset = absl::GetFlag(FLAGS_offset), step = absl::GetFlag(FLAGS_prefill_chunk);
     const auto prefill_start = std::chrono::steady_clock::now();
-    for (int64_t at = 0; at < offset; at += step) {
+    // Chunk by chunk; a sequence whose prompt has ended sits the later chunks out.
+    for (int64_t at = 0;; at += step) {
+      std::vector<SequenceChunk> prefill;
       for (int32_t b = 0; b < batch; ++b) {
-        chunks[b].tokens = std::span(tokens[b]).subspan(at, std::min(step, offset - at));
+        const int64_t held = tokens[b].size();
+        if (at >= held) continue;
+        prefill.push_back(chunks[b]);
+        prefill.back().tokens = std::span(tokens[b]).subspan(at, std::min(step, held - at));
       }
-      TTT_RETURN_IF_ERROR(engine.Forward(chunks, LogitsFor::kNone, &logits));
+      if (prefill.empty()) break;
+      TTT_RETURN_IF_ERROR(engine.Forward(prefill, LogitsFor::kNone, &logits));
     }
     const double prefill_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
@@ -215,7 +228,8 @@ absl::Status Run() {
         {"model", model->name},
         {"inner", c.ttt_layer_type == TttLayerType::kMlp ? "mlp" : "linear"},
         {"batch", batch},
-        {"offset", absl::GetFlag(FLAGS_offset)},
+        {"offset", offset},
+        {"staggered", staggered},
         {"steps", steps},
         {"temperature", absl::GetFlag(FLAGS_temperature)},
         {"tokens_per_s", batch / p50},
@@ -226,7 +240,7 @@ absl::Status Run() {
         {"state_bytes_per_sequence", engine.state_bytes()},
         {"weight_bytes", engine.weight_bytes()},
     };
-    if (offset > 0) result["prefill_tokens_per_s"] = double(batch) * offset / prefill_seconds;
+    if (prompt_tokens > 0) result["prefill_tokens_per_s"] = prompt_tokens / prefill_seconds;
     if (batch == 1 && !engine.single_sequence_decode().empty()) {
       result["single_sequence_decode"] = engine.single_sequence_decode();
     }
