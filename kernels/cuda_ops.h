@@ -122,14 +122,23 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
                     StateAddress state, TttStateOffsets offsets, float* out, cudaStream_t stream);
 
 // The decode form of PrepareTttInputs and TttScan in one kernel, for batches of one row per
-// segment (row b is segment b): the q/k conv histories are rewritten in place. Covers
-// TTT-Linear with f of 16, 32 or 64, windows (K) of up to 16 tokens and a state laid out for
-// 16-byte copies, which TttDecodeFits tells; otherwise it returns cudaErrorNotSupported.
+// segment: the q/k conv histories are rewritten in place. Covers TTT-Linear with f of 16, 32 or
+// 64, windows (K) of up to 16 tokens and a state laid out for 16-byte copies, which
+// TttDecodeFits tells; otherwise it returns cudaErrorNotSupported.
+//
+// A warp takes an item (a segment's head) at a time, in the order of `segments` (each names its
+// row): the items of segments[s] are at positions s·nh … s·nh + nh − 1, and position p runs on
+// warp p mod TttDecodeWarps(…); segments of no token are skipped. server/engine/decode_order.h
+// plans that order.
 bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
                    StateAddress state, TttStateOffsets offsets);
 cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
                       const Segment* segments, int num_segments, StateAddress state,
                       TttStateOffsets offsets, float* out, cudaStream_t stream);
+// The warps TttDecode runs a step of `num_segments` segments on (as many as fit on the current
+// device, at most one an item), or 0 if the device cannot say.
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   int num_segments);
 
 // The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
 // times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`. The gate

@@ -626,13 +626,12 @@ bool SixteenByteAligned(const TttScanParams& params, StateAddress state, TttStat
          offsets.W1 % 4 == 0 && offsets.b1 % 4 == 0 && offsets.k % 4 == 0 && offsets.g1 % 4 == 0;
 }
 
+// As many warps as fit on the device at once (the decode kernel is persistent: each walks items
+// a grid apart), found on first use.
 template <int kF, int kTaps>
-cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
-                               const Segment* segments, int num_segments, StateAddress state,
-                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
-  // As many warps as fit on the device at once (persistent: each walks items a grid apart).
-  static std::atomic<int> resident_warps{0};
-  if (resident_warps.load() == 0) {
+cudaError_t ResidentDecodeWarps(int* warps) {
+  static std::atomic<int> resident{0};
+  if (resident.load() == 0) {
     int device = 0, sms = 0, per_sm = 0;
     cudaError_t status = cudaGetDevice(&device);
     if (status == cudaSuccess) {
@@ -643,10 +642,22 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
           &per_sm, TttDecodeLinearKernel<kF, kTaps>, kWarp, DecodeSharedBytes(kF));
     }
     if (status != cudaSuccess) return status;
-    resident_warps = std::max(1, sms * per_sm);
+    resident = std::max(1, sms * per_sm);
+  }
+  *warps = resident.load();
+  return cudaSuccess;
+}
+
+template <int kF, int kTaps>
+cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
+                               const Segment* segments, int num_segments, StateAddress state,
+                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
+  int resident = 0;
+  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps>(&resident); status != cudaSuccess) {
+    return status;
   }
   const int items = num_segments * params.nh;
-  return Launch(TttDecodeLinearKernel<kF, kTaps>, std::min(items, resident_warps.load()), kWarp,
+  return Launch(TttDecodeLinearKernel<kF, kTaps>, std::min(items, resident), kWarp,
                 DecodeSharedBytes(kF), stream, params, inputs, segments, items, state, offsets,
                 out);
 }
@@ -660,6 +671,12 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
                                                  offsets, out, stream)
              : LaunchDecodeLinear<kF, kMaxTaps>(params, inputs, segments, num_segments, state,
                                                 offsets, out, stream);
+}
+
+template <int kF>
+cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, int* warps) {
+  return FourChannelLoadsFit(inputs) ? ResidentDecodeWarps<kF, kFourTaps>(warps)
+                                     : ResidentDecodeWarps<kF, kMaxTaps>(warps);
 }
 
 }  // namespace
@@ -687,6 +704,19 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
       return LaunchDecodeLinear<64>(params, inputs, segments, num_segments, state, offsets, out,
                                     stream);
   }
+}
+
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   int num_segments) {
+  int resident = 0;
+  const cudaError_t status = params.f == 16   ? ResidentDecodeWarps<16>(inputs, &resident)
+                             : params.f == 32 ? ResidentDecodeWarps<32>(inputs, &resident)
+                                              : ResidentDecodeWarps<64>(inputs, &resident);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return std::min(resident, num_segments * params.nh);
 }
 
 cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,

@@ -18,6 +18,7 @@
 #include "kernels/cuda_ops.h"
 #include "server/engine/cuda_gemm.h"
 #include "server/engine/cuda_support.h"
+#include "server/engine/decode_order.h"
 #include "server/engine/state_codec.h"
 #include "server/engine/state_layout.h"
 #include "server/util/absl_string_view.h"
@@ -159,8 +160,14 @@ class CudaEngine : public Engine {
   void SetChosenRows(std::span<const SequenceChunk> batch);
   // After queueing a step: its results' copies to pinned memory and its completion event.
   absl::Status EndStep(bool has_output, int64_t output_rows, bool sample);
-  // Copies the batch description staged in pinned memory to the device.
-  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample);
+  // Copies the batch description staged in pinned memory to the device; with decode_order, also
+  // the segments in the order the decode kernel takes them (StageDecodeOrder).
+  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample,
+                            bool decode_order);
+  // Stages, after the step's `segments` segments, the same segments in the order cu::TttDecode
+  // takes them (PlanDecodeOrder): those whose token closes a window, and so commits θ0, where
+  // the kernel's warps take an item fewer.
+  void StageDecodeOrder(int64_t segments);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
   // `sample`, the tokens chosen from them in chosen_ids_ and chosen_logprobs_. Enqueues only:
@@ -248,6 +255,7 @@ class CudaEngine : public Engine {
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
+    // segments: the step's, then (decode steps) the same in the decode kernel's order.
     DeviceBuffer tokens, row_segment, segments, out_rows, sampling;
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
     DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
@@ -259,6 +267,9 @@ class CudaEngine : public Engine {
       int64_t rows = 0, segments = 0, logit_rows = 0;
     } room;  // What the buffers have room for.
   } scratch_;
+  // StageDecodeOrder's, kept to spare allocations.
+  std::vector<DecodeWork> decode_work_;
+  std::vector<int32_t> decode_order_;
   // Signalled when the newest step's inputs have left the host staging buffers, which the next
   // step may then overwrite.
   cudaEvent_t inputs_uploaded_ = nullptr;
@@ -589,7 +600,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   };
   TTT_RETURN_IF_ERROR(reserve(s.tokens, R * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.row_segment, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.segments, S * sizeof(cu::Segment)));
+  TTT_RETURN_IF_ERROR(reserve(s.segments, 2 * S * sizeof(cu::Segment)));
   TTT_RETURN_IF_ERROR(reserve(s.out_rows, L * sizeof(int32_t)));
   for (DeviceBuffer* b : {&s.h, &s.q, &s.k, &s.v, &s.ttt_out, &s.conv_in}) {
     TTT_RETURN_IF_ERROR(reserve(*b, R * D * f4));
@@ -607,7 +618,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.logits, L * c.vocab_size * f4));
   TTT_RETURN_IF_ERROR(reserve(s.host_tokens, R * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.host_row_segment, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_segments, S * sizeof(cu::Segment)));
+  TTT_RETURN_IF_ERROR(reserve(s.host_segments, 2 * S * sizeof(cu::Segment)));
   TTT_RETURN_IF_ERROR(reserve(s.host_out_rows, L * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
   TTT_RETURN_IF_ERROR(reserve(s.sampling, S * sizeof(cu::SamplingRow)));
@@ -632,14 +643,15 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
 }
 
 absl::Status CudaEngine::UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows,
-                                      bool sample) {
+                                      bool sample, bool decode_order) {
   Scratch& s = scratch_;
   TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), s.host_tokens.get<int32_t>(), rows * sizeof(int32_t),
                            cudaMemcpyHostToDevice, stream_));
   TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), s.host_row_segment.get<int32_t>(),
                            rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   TTT_CUDA(cudaMemcpyAsync(s.segments.get(), s.host_segments.get<cu::Segment>(),
-                           segments * sizeof(cu::Segment), cudaMemcpyHostToDevice, stream_));
+                           (decode_order ? 2 : 1) * segments * sizeof(cu::Segment),
+                           cudaMemcpyHostToDevice, stream_));
   if (logit_rows > 0) {
     TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), s.host_out_rows.get<int32_t>(),
                              logit_rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -779,7 +791,8 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
     if (which == LogitsFor::kLastToken) host_out_rows[b] = row - 1;
     if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
   }
-  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
+  if (one_token_each) StageDecodeOrder(segments);
+  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample, one_token_each));
   TTT_RETURN_IF_ERROR(
       EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample, one_token_each));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
@@ -807,13 +820,33 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
     s.host_row_segment.get<int32_t>()[b] = static_cast<int32_t>(b);
     if (sample) StageSampling(b, real ? sampling[b] : SamplingParams{}, lengths_[slot] + 1);
   }
-  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample));
+  StageDecodeOrder(bucket);
+  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample, /*decode_order=*/true));
 
   TTT_ASSIGN_OR_RETURN(const cudaGraphExec_t graph, DecodeGraphFor(bucket, sample));
   TTT_CUDA(cudaGraphLaunch(graph, stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
   SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
   return EndStep(/*has_output=*/true, n, sample);
+}
+
+void CudaEngine::StageDecodeOrder(int64_t segments) {
+  Scratch& s = scratch_;
+  cu::Segment* staged = s.host_segments.get<cu::Segment>();
+  const int64_t K = model_->config.mini_batch_size;
+  decode_work_.resize(segments);
+  decode_order_.resize(segments);
+  for (int64_t b = 0; b < segments; ++b) {
+    decode_work_[b] = staged[b].count == 0           ? DecodeWork::kIdle
+                      : staged[b].start % K == K - 1 ? DecodeWork::kCommit
+                                                     : DecodeWork::kToken;
+  }
+  cu::TttProjectionInputs inputs = TttInputs(0);
+  inputs.proj = s.proj.get<float>();
+  const cu::TttScanParams params = TttParams(0);
+  PlanDecodeOrder(decode_work_, params.nh,
+                  cu::TttDecodeWarps(params, inputs, static_cast<int>(segments)), decode_order_);
+  for (int64_t i = 0; i < segments; ++i) staged[segments + i] = staged[decode_order_[i]];
 }
 
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
@@ -1115,8 +1148,9 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const cu::TttStateOffsets offsets = TttOffsets();
   float* ttt_out = s.ttt_out.get<float>();
   if (one_token_each && cu::TttDecodeFits(params, inputs, state, offsets)) {
-    TTT_CUDA(
-        cu::TttDecode(params, inputs, segments, num_segments, state, offsets, ttt_out, stream_));
+    // The step's segments again, in the order the kernel takes them (StageDecodeOrder).
+    TTT_CUDA(cu::TttDecode(params, inputs, segments + num_segments, num_segments, state, offsets,
+                           ttt_out, stream_));
   } else {
     float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
     float* lr = s.lr.get<float>();
