@@ -6,7 +6,8 @@
 // one item more than the others. A segment whose token closes its window also commits θ0 (W1
 // rewritten from the window's rows), which roughly doubles its items' work; dealt out in batch
 // order, such items land as often on the busier warps, as their last item, and the kernel waits
-// for them. Placed where the warps take an item fewer, they cost nothing.
+// for them. Placed where the warps take an item fewer, they run beside the other warps' second
+// items instead of after them (bench/README.md v28).
 #pragma once
 
 #include <cstdint>
