@@ -11,7 +11,9 @@
 // or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
 // every sequence's state read once per step, over the device-to-device copy bandwidth measured
 // in the same run. With --timeline it then records a few more steps' kernels as they ran. At
-// batch 1 it records which path the engine decoded by (single_sequence_decode).
+// batch 1 it records which path the engine decoded by (single_sequence_decode). With --joining N,
+// each step also takes N new sequences' prompts in place of N finished ones, as a server's steps
+// do while requests arrive.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +49,11 @@ ABSL_FLAG(bool, staggered, false,
           "Sequence b holds offset + b % mini_batch_size tokens, so that every step closes the "
           "windows of one sequence in mini_batch_size, as a server's sequences do, rather than "
           "every window at once in every mini_batch_size-th step.");
+ABSL_FLAG(int32_t, joining, 0,
+          "Before each decode step, this many of the batch's sequences (in turn) end and new ones "
+          "take their places, each step's chunk for them being a prompt of --joining_prompt "
+          "tokens: steps that mix prompts with decode rows, as a server's do.");
+ABSL_FLAG(int32_t, joining_prompt, 16, "Prompt tokens of each sequence that --joining adds.");
 ABSL_FLAG(int32_t, steps, 128, "Timed decode steps per configuration.");
 ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
 ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine call.");
@@ -164,6 +171,14 @@ absl::Status Run() {
     std::vector<std::vector<int32_t>> tokens(batch);
     const int64_t offset = absl::GetFlag(FLAGS_offset), step = absl::GetFlag(FLAGS_prefill_chunk);
     const bool staggered = absl::GetFlag(FLAGS_staggered);
+    const int32_t joining = absl::GetFlag(FLAGS_joining);
+    const int32_t joining_prompt = absl::GetFlag(FLAGS_joining_prompt);
+    if (joining < 0 || joining > batch) {
+      return absl::InvalidArgumentError(absl::StrCat("--joining: 0 to the batch (", batch, ")"));
+    }
+    if (joining > 0 && joining_prompt < 1) {
+      return absl::InvalidArgumentError("--joining_prompt: at least 1");
+    }
     int64_t prompt_tokens = 0;
     for (int32_t b = 0; b < batch; ++b) {
       TTT_ASSIGN_OR_RETURN(chunks[b].slot, engine.CreateSequence());
@@ -199,16 +214,35 @@ absl::Status Run() {
     }
     std::vector<SampledToken> sampled;
     std::vector<double> launch_seconds;  // Of the host queueing the step.
+    int32_t next_to_end = 0;             // --joining's turn.
+    // --joining's sequences for the next step: new slots, and their prompts as their chunks.
+    // Untimed, as a server's engine steps do not include creating sequences.
+    auto join = [&]() -> absl::Status {
+      for (int32_t j = 0; j < joining; ++j) {
+        const int32_t b = next_to_end;
+        next_to_end = (next_to_end + 1) % batch;
+        TTT_RETURN_IF_ERROR(engine.ReleaseSequence(chunks[b].slot));
+        TTT_ASSIGN_OR_RETURN(chunks[b].slot, engine.CreateSequence());
+        tokens[b].resize(joining_prompt);
+        for (int32_t& t : tokens[b]) t = token(rng);
+        chunks[b].tokens = tokens[b];
+      }
+      return absl::OkStatus();
+    };
     // One decode step; `queued`, if given, gets the time the host had queued it.
     auto decode_step = [&](std::chrono::steady_clock::time_point* queued) -> absl::Status {
       TTT_RETURN_IF_ERROR(engine.StartForwardAndSample(chunks, sampling));
       if (queued != nullptr) *queued = std::chrono::steady_clock::now();
       TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
-      for (int32_t b = 0; b < batch; ++b) tokens[b][0] = sampled[b].id;
+      for (int32_t b = 0; b < batch; ++b) {
+        tokens[b].assign(1, sampled[b].id);
+        chunks[b].tokens = tokens[b];
+      }
       return absl::OkStatus();
     };
     const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
     for (int32_t s = 0; s < warmup + steps; ++s) {
+      TTT_RETURN_IF_ERROR(join());
       const auto start = std::chrono::steady_clock::now();
       std::chrono::steady_clock::time_point queued;
       TTT_RETURN_IF_ERROR(decode_step(&queued));
@@ -230,6 +264,8 @@ absl::Status Run() {
         {"batch", batch},
         {"offset", offset},
         {"staggered", staggered},
+        {"joining", joining},
+        {"joining_prompt", joining_prompt},
         {"steps", steps},
         {"temperature", absl::GetFlag(FLAGS_temperature)},
         {"tokens_per_s", batch / p50},
@@ -256,6 +292,7 @@ absl::Status Run() {
     if (!timeline.empty()) {
       TTT_RETURN_IF_ERROR(TakeKernelTimeline().status());  // Forgets the steps before.
       for (int32_t s = 0; s < absl::GetFlag(FLAGS_timeline_steps); ++s) {
+        TTT_RETURN_IF_ERROR(join());
         TTT_RETURN_IF_ERROR(decode_step(nullptr));
       }
       TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, TakeKernelTimeline());
