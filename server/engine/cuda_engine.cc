@@ -160,21 +160,24 @@ class CudaEngine : public Engine {
   void SetChosenRows(std::span<const SequenceChunk> batch);
   // After queueing a step: its results' copies to pinned memory and its completion event.
   absl::Status EndStep(bool has_output, int64_t output_rows, bool sample);
-  // Copies the batch description staged in pinned memory to the device; with decode_order, also
-  // the segments in the order the decode kernel takes them (StageDecodeOrder).
-  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample,
-                            bool decode_order);
-  // Stages, after the step's `segments` segments, the same segments in the order cu::TttDecode
-  // takes them (PlanDecodeOrder): those whose token closes a window, and so commits θ0, where
-  // the kernel's warps take an item fewer.
-  void StageDecodeOrder(int64_t segments);
+  // Copies the batch description staged in pinned memory to the device, with the segments'
+  // second copy (StageDecodeOrder).
+  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample);
+  // Stages, after the step's `segments` segments, the same segments in the order the TTT layer's
+  // kernels take them, and returns how many come first: those of at most one token, which
+  // cu::TttDecode takes where the model fits it, in the order PlanDecodeOrder gives (those whose
+  // token closes a window, and so commits θ0, where the kernel's warps take an item fewer). The
+  // longer ones follow, for cu::TttScan. A step that mixes prompts with decode rows so runs its
+  // decode rows as fast as a decode step does (bench/README.md v29).
+  int64_t StageDecodeOrder(int64_t segments);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
   // `sample`, the tokens chosen from them in chosen_ids_ and chosen_logprobs_. Enqueues only:
-  // safe to capture in a graph.
-  // one_token_each: no segment has more than one row (a decode step: faster kernels).
-  absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows, bool gather,
-                              bool sample, bool one_token_each);
+  // safe to capture in a graph. `decode_segments`: StageDecodeOrder's count. Where that is every
+  // segment and each has one row (a decode step), the layers' other kernels take their decode
+  // forms too.
+  absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t decode_segments,
+                              int64_t logit_rows, bool gather, bool sample);
   // Queues Forward (!sample) or ForwardAndSample over a validated batch, advancing the
   // sequences' lengths; Complete waits for it and hands over its results.
   absl::Status Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
@@ -207,7 +210,12 @@ class CudaEngine : public Engine {
   // into scratch_.ffn, then the SwiGLU kernel).
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
-  absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments, bool one_token_each);
+  absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
+                            int64_t decode_segments);
+  // A decode step's shape: every segment one row, and each among the decode segments.
+  static bool OneTokenEach(int64_t rows, int64_t num_segments, int64_t decode_segments) {
+    return rows == num_segments && decode_segments == num_segments;
+  }
   // Whether a step of `rows` rows takes our tensor-core products (cu::TensorCoreProduct for
   // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at 64–256 rows, on
   // models no wider than kTensorCoreProductsMaxWidth. The kernels' tiles are sized for 256 rows;
@@ -255,7 +263,7 @@ class CudaEngine : public Engine {
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
-    // segments: the step's, then (decode steps) the same in the decode kernel's order.
+    // segments: the step's, then the same in the TTT kernels' order (StageDecodeOrder).
     DeviceBuffer tokens, row_segment, segments, out_rows, sampling;
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
     DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
@@ -268,8 +276,9 @@ class CudaEngine : public Engine {
     } room;  // What the buffers have room for.
   } scratch_;
   // StageDecodeOrder's, kept to spare allocations.
-  std::vector<DecodeWork> decode_work_;
-  std::vector<int32_t> decode_order_;
+  std::vector<int32_t> decode_candidates_;  // The segments of at most one token.
+  std::vector<DecodeWork> decode_work_;     // Theirs.
+  std::vector<int32_t> decode_order_;       // Indices into decode_candidates_.
   // Signalled when the newest step's inputs have left the host staging buffers, which the next
   // step may then overwrite.
   cudaEvent_t inputs_uploaded_ = nullptr;
@@ -643,15 +652,14 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
 }
 
 absl::Status CudaEngine::UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows,
-                                      bool sample, bool decode_order) {
+                                      bool sample) {
   Scratch& s = scratch_;
   TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), s.host_tokens.get<int32_t>(), rows * sizeof(int32_t),
                            cudaMemcpyHostToDevice, stream_));
   TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), s.host_row_segment.get<int32_t>(),
                            rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   TTT_CUDA(cudaMemcpyAsync(s.segments.get(), s.host_segments.get<cu::Segment>(),
-                           (decode_order ? 2 : 1) * segments * sizeof(cu::Segment),
-                           cudaMemcpyHostToDevice, stream_));
+                           2 * segments * sizeof(cu::Segment), cudaMemcpyHostToDevice, stream_));
   if (logit_rows > 0) {
     TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), s.host_out_rows.get<int32_t>(),
                              logit_rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -791,10 +799,10 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
     if (which == LogitsFor::kLastToken) host_out_rows[b] = row - 1;
     if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
   }
-  if (one_token_each) StageDecodeOrder(segments);
-  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample, one_token_each));
+  const int64_t decode_segments = StageDecodeOrder(segments);
+  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
   TTT_RETURN_IF_ERROR(
-      EnqueueForward(rows, segments, logit_rows, /*gather=*/true, sample, one_token_each));
+      EnqueueForward(rows, segments, decode_segments, logit_rows, /*gather=*/true, sample));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
   SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
   return EndStep(has_output, logit_rows, sample);
@@ -821,7 +829,7 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
     if (sample) StageSampling(b, real ? sampling[b] : SamplingParams{}, lengths_[slot] + 1);
   }
   StageDecodeOrder(bucket);
-  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample, /*decode_order=*/true));
+  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample));
 
   TTT_ASSIGN_OR_RETURN(const cudaGraphExec_t graph, DecodeGraphFor(bucket, sample));
   TTT_CUDA(cudaGraphLaunch(graph, stream_));
@@ -830,23 +838,35 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   return EndStep(/*has_output=*/true, n, sample);
 }
 
-void CudaEngine::StageDecodeOrder(int64_t segments) {
+int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
   Scratch& s = scratch_;
   cu::Segment* staged = s.host_segments.get<cu::Segment>();
   const int64_t K = model_->config.mini_batch_size;
-  decode_work_.resize(segments);
-  decode_order_.resize(segments);
+  decode_candidates_.clear();
+  decode_work_.clear();
   for (int64_t b = 0; b < segments; ++b) {
-    decode_work_[b] = staged[b].count == 0           ? DecodeWork::kIdle
-                      : staged[b].start % K == K - 1 ? DecodeWork::kCommit
-                                                     : DecodeWork::kToken;
+    if (staged[b].count > 1) continue;
+    decode_candidates_.push_back(static_cast<int32_t>(b));
+    decode_work_.push_back(staged[b].count == 0           ? DecodeWork::kIdle
+                           : staged[b].start % K == K - 1 ? DecodeWork::kCommit
+                                                          : DecodeWork::kToken);
   }
+  const int64_t decode_segments = decode_candidates_.size();
+  decode_order_.resize(decode_segments);
   cu::TttProjectionInputs inputs = TttInputs(0);
   inputs.proj = s.proj.get<float>();
   const cu::TttScanParams params = TttParams(0);
   PlanDecodeOrder(decode_work_, params.nh,
-                  cu::TttDecodeWarps(params, inputs, static_cast<int>(segments)), decode_order_);
-  for (int64_t i = 0; i < segments; ++i) staged[segments + i] = staged[decode_order_[i]];
+                  cu::TttDecodeWarps(params, inputs, static_cast<int>(decode_segments)),
+                  decode_order_);
+  cu::Segment* ordered = staged + segments;
+  for (int64_t i = 0; i < decode_segments; ++i) {
+    *ordered++ = staged[decode_candidates_[decode_order_[i]]];
+  }
+  for (int64_t b = 0; b < segments; ++b) {
+    if (staged[b].count > 1) *ordered++ = staged[b];
+  }
+  return decode_segments;
 }
 
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
@@ -854,8 +874,8 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
   if (graph == nullptr) {
     auto captured = std::make_unique<DecodeGraph>();
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status enqueued = EnqueueForward(bucket, bucket, bucket, /*gather=*/false, sample,
-                                                 /*one_token_each=*/true);
+    const absl::Status enqueued = EnqueueForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
+                                                 /*gather=*/false, sample);
     const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
     TTT_RETURN_IF_ERROR(enqueued);
     TTT_CUDA(ended);
@@ -918,18 +938,19 @@ absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<Sample
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int64_t logit_rows,
-                                        bool gather, bool sample, bool one_token_each) {
+absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int64_t decode_segments,
+                                        int64_t logit_rows, bool gather, bool sample) {
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   Scratch& s = scratch_;
   TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, chosen_ids_.get<int32_t>(),
                                embedding_, gemm_type(), D, s.h.get<float>(), stream_));
+  const bool one_token_each = OneTokenEach(rows, num_segments, decode_segments);
   if (rows == 1 && one_token_each && sequence_step_) {
     TTT_CUDA(cu::SequenceStep(SequenceStepArgs(), sequence_step_layer_, gemm_type(), stream_));
   } else {
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-      TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, one_token_each));
+      TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, decode_segments));
     }
   }
   if (logit_rows == 0) return absl::OkStatus();
@@ -1104,7 +1125,8 @@ cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
 }
 
 absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
-                                      bool one_token_each) {
+                                      int64_t decode_segments) {
+  const bool one_token_each = OneTokenEach(rows, num_segments, decode_segments);
   const ModelConfig& c = model_->config;
   const LayerWeights& w = layers_[layer];
   const int D = c.hidden_size, I = c.intermediate_size, nh = c.num_attention_heads;
@@ -1147,21 +1169,34 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const cu::TttScanParams params = TttParams(layer);
   const cu::TttStateOffsets offsets = TttOffsets();
   float* ttt_out = s.ttt_out.get<float>();
-  if (one_token_each && cu::TttDecodeFits(params, inputs, state, offsets)) {
-    // The step's segments again, in the order the kernel takes them (StageDecodeOrder).
-    TTT_CUDA(cu::TttDecode(params, inputs, segments + num_segments, num_segments, state, offsets,
-                           ttt_out, stream_));
+  // The step's segments again, in the order the kernels take them (StageDecodeOrder): the
+  // decode segments first, then the scanned ones.
+  const cu::Segment* ordered = segments + num_segments;
+  const bool decode_kernel =
+      decode_segments > 0 && cu::TttDecodeFits(params, inputs, state, offsets);
+  if (one_token_each && decode_kernel) {
+    TTT_CUDA(
+        cu::TttDecode(params, inputs, ordered, num_segments, state, offsets, ttt_out, stream_));
   } else {
     float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
     float* lr = s.lr.get<float>();
+    // Every row's inputs, before the decode kernel shifts its segments' conv histories.
     TTT_CUDA(cu::PrepareTttInputs(inputs, rows, nh, f, c.mini_batch_size, segments, row_segment,
                                   state, /*rewrite_history=*/one_token_each, q, k, v, lr, stream_));
+    const cu::Segment* scanned = segments;
+    int64_t num_scanned = num_segments;
+    if (decode_kernel) {
+      TTT_CUDA(cu::TttDecode(params, inputs, ordered, decode_segments, state, offsets, ttt_out,
+                             stream_));
+      scanned = ordered + decode_segments;
+      num_scanned = num_segments - decode_segments;
+    }
     if (c.share_qk && !one_token_each) {
-      TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_segments, D, ck, segments,
+      TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_scanned, D, ck, scanned,
                                       state, layout_.conv_qk, stream_));
     }
     TTT_CUDA(
-        cu::TttScan(params, segments, num_segments, q, k, v, lr, state, offsets, ttt_out, stream_));
+        cu::TttScan(params, scanned, num_scanned, q, k, v, lr, state, offsets, ttt_out, stream_));
   }
 
   // Layer output (spec §3.8): its norm and gate, then o_proj, added into h.

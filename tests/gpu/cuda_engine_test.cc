@@ -295,29 +295,37 @@ TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
 }
 
 // GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
-// the decode kernel has a form for (f = 64 and 32; the golden models have 16), five sequences at
-// different offsets stepping together for 300 decode steps (DecodeSteps).
-class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {};
+// the decode kernel has a form for (f = 64 and 32; the golden models have 16).
+class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {
+ protected:
+  // The parameters' model, seeded by its flags.
+  std::shared_ptr<const Model> ParamModel() const {
+    const auto [inner, flags, head_dim] = GetParam();
+    ModelConfig c;
+    c.vocab_size = 211;
+    c.hidden_size = 128;
+    c.num_attention_heads = c.hidden_size / head_dim;
+    // f = 32 takes the other forms of two kernels: SwiGLU's one-column form (I = 90, against 96)
+    // and the decode kernel's any-conv form (three taps, against four).
+    c.intermediate_size = head_dim == 64 ? 96 : 90;
+    c.conv_kernel = head_dim == 64 ? 4 : 3;
+    c.num_hidden_layers = 2;
+    c.ttt_layer_type = inner;
+    c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
+    c.share_qk = flags & 1;
+    c.use_gate = flags & 2;
+    c.pre_conv = flags & 4;
+    c.tie_word_embeddings = flags % 2 == 0;
+    return testing::RandomModel(c, 100 + flags);
+  }
+};
 
+// Five sequences at different offsets stepping together for 300 decode steps (DecodeSteps).
 TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   SKIP_WITHOUT_GPU();
   const auto [inner, flags, head_dim] = GetParam();
-  ModelConfig c;
-  c.vocab_size = 211;
-  c.hidden_size = 128;
-  c.num_attention_heads = c.hidden_size / head_dim;
-  // f = 32 takes the other forms of two kernels: SwiGLU's one-column form (I = 90, against 96)
-  // and the decode kernel's any-conv form (three taps, against four).
-  c.intermediate_size = head_dim == 64 ? 96 : 90;
-  c.conv_kernel = head_dim == 64 ? 4 : 3;
-  c.num_hidden_layers = 2;
-  c.ttt_layer_type = inner;
-  c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
-  c.share_qk = flags & 1;
-  c.use_gate = flags & 2;
-  c.pre_conv = flags & 4;
-  c.tie_word_embeddings = flags % 2 == 0;
-  auto model = testing::RandomModel(c, 100 + flags);
+  auto model = ParamModel();
+  const ModelConfig& c = model->config;
   CpuEngine cpu(model);
   auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
   ASSERT_NE(gpu, nullptr);
@@ -328,6 +336,49 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, steps,
                                         LogitsFor::kEveryToken, flags, KeepLargestGap(&worst)));
   std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over %d steps\n",
+              inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst, steps);
+  EXPECT_LE(worst, 1e-3f);
+}
+
+// Steps that mix prompts with single tokens, as a server's do while requests arrive: the single
+// tokens take the decode kernel and the prompts the scan, in one step. Six sequences; each step
+// one of them takes a chunk of 2–19 tokens (some close a window, some cross one), and every fifth
+// step another takes none; 60 steps (DecodeSteps), every row's logits compared.
+TEST_P(CudaMatchesCpuTest, StepsMixingPromptsWithSingleTokens) {
+  SKIP_WITHOUT_GPU();
+  const auto [inner, flags, head_dim] = GetParam();
+  auto model = ParamModel();
+  const ModelConfig& c = model->config;
+  CpuEngine cpu(model);
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+
+  constexpr int kSequences = 6;
+  std::mt19937 rng(flags);
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  std::vector<SequenceChunk> cpu_batch(kSequences), gpu_batch(kSequences);
+  std::vector<std::vector<int32_t>> tokens(kSequences);
+  for (int s = 0; s < kSequences; ++s) {
+    cpu_batch[s].slot = *cpu.CreateSequence();
+    gpu_batch[s].slot = *gpu->CreateSequence();
+  }
+  const int steps = DecodeSteps(60);
+  float worst = 0;
+  std::vector<float> cpu_logits, gpu_logits;
+  for (int step = 0; step < steps; ++step) {
+    for (int s = 0; s < kSequences; ++s) {
+      const bool prompt = s == step % kSequences;
+      const bool none = step % 5 == 0 && s == (step + 3) % kSequences;
+      tokens[s].resize(prompt ? 2 + step * 7 % 18 : (none ? 0 : 1));
+      for (int32_t& t : tokens[s]) t = token(rng);
+      cpu_batch[s].tokens = gpu_batch[s].tokens = tokens[s];
+    }
+    ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kEveryToken, &cpu_logits).ok());
+    ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kEveryToken, &gpu_logits).ok());
+    ASSERT_EQ(gpu_logits.size(), cpu_logits.size());
+    worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
+  }
+  std::printf("[cuda-vs-cpu, mixed steps] %s flags %d f %d: max|Δ| %.3g over %d steps\n",
               inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst, steps);
   EXPECT_LE(worst, 1e-3f);
 }
