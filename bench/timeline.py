@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a decode step's time goes, as the kernels ran: from `ttt-bench --timeline FILE`.
 
-    bench/timeline.py FILE [--batch B] [--json] [--order N]
+    bench/timeline.py FILE [--batch B] [--json] [--order N] [--first KERNEL]
 
 ncu times each kernel alone; in a step, kernels overlap (programmatic dependent launch lets one
 start while the one before it ends). So each kernel is charged only the time it adds to the
@@ -13,7 +13,9 @@ table by kernel name and grid size: instances a step, median span, median expose
 instance, and exposed time a step, largest first. With --json, the same as one JSON object a
 batch, which `bench/record.sh OUT.json bench/timeline.py FILE --json` stores with the commit.
 With --order N, also the median step's first N kernels as they started, each with its start,
-end and exposed time: the chain of one layer, link by link.
+end and exposed time: the chain of one layer, link by link. Steps that ran outside a graph
+(ttt-bench --joining's steps with prompts) need --first: a step then starts at each kernel whose
+name contains KERNEL (EmbeddingGather, the first of every step).
 """
 import argparse
 import csv
@@ -30,8 +32,17 @@ def short(name):
     return name
 
 
-def steps_of(rows):
-    """Rows grouped into steps: a graph launch's kernels share its launch id."""
+def steps_of(rows, first=None):
+    """Rows grouped into steps: a graph launch's kernels share its launch id; or, given `first`,
+    a step from each kernel whose name contains it to the next."""
+    if first is not None:
+        steps = []
+        for r in sorted(rows, key=lambda r: r["start"]):
+            if first in r["kernel"]:
+                steps.append([])
+            if steps:
+                steps[-1].append(r)
+        return steps
     by_launch = defaultdict(list)
     for r in rows:
         by_launch[r["launch"]].append(r)
@@ -61,6 +72,8 @@ def main():
                         help="one JSON object a batch instead of the table (for bench/record.sh)")
     parser.add_argument("--order", type=int, metavar="N",
                         help="also list the median step's first N kernels in start order")
+    parser.add_argument("--first", metavar="KERNEL",
+                        help="steps outside graphs: each starts at a kernel whose name has this")
     args = parser.parse_args()
     by_batch = defaultdict(list)
     with open(args.file, newline="") as f:
@@ -70,7 +83,7 @@ def main():
     for batch, rows in sorted(by_batch.items()):
         if args.batch is not None and batch != args.batch:
             continue
-        steps = steps_of(rows)
+        steps = steps_of(rows, args.first)
         if not steps:
             print(f"batch {batch}: no step recorded", file=sys.stderr if args.json else sys.stdout)
             continue
