@@ -100,11 +100,12 @@ struct TttProjectionInputs {
 // Writes the TTT scan's inputs (spec §3.2–3.4): q and k (through the convs when share_qk, then
 // RoPE at (start + i) mod K), v, and lr [rows, nh] = base_lr · sigmoid(x·w_lr + bias) / f.
 // rewrite_history (only for batches of at most one row per segment): the q/k conv history is
-// advanced in place; otherwise the caller advances it afterwards.
+// advanced in place; otherwise the caller advances it afterwards. skip_one_row_segments: the
+// rows of one-row segments are left out (a step whose single tokens take TttDecode).
 cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh, int f, int K,
                              const Segment* segments, const int32_t* row_segment,
-                             StateAddress state, bool rewrite_history, float* q, float* k, float* v,
-                             float* lr, cudaStream_t stream);
+                             StateAddress state, bool rewrite_history, bool skip_one_row_segments,
+                             float* q, float* k, float* v, float* lr, cudaStream_t stream);
 
 struct TttScanParams {
   int nh, f, f1, K;

@@ -155,13 +155,14 @@ template <int kTaps>
 __global__ void __launch_bounds__(kPrepareThreads)
     PrepareTttInputsKernel(TttProjectionInputs inputs, int nh, int f, int K,
                            const Segment* segments, const int32_t* row_segment, StateAddress state,
-                           bool rewrite_history, float* q_out, float* k_out, float* v_out,
-                           float* lr_out) {
+                           bool rewrite_history, bool skip_one_row_segments, float* q_out,
+                           float* k_out, float* v_out, float* lr_out) {
   WaitForPreviousKernel();
   const ProjectionColumns& cols = inputs.columns;
   const QkConv& conv = inputs.conv;
   const int row = blockIdx.x;
   const Segment seg = segments[row_segment[row]];
+  if (skip_one_row_segments && seg.count == 1) return;
   const int i = row - seg.row;
   const bool live = i < seg.count;  // Padding rows of a decode graph compute on zero history.
   const int p = live ? static_cast<int>((seg.start + i) % K) : 0;
@@ -263,8 +264,8 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
 
 cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh, int f, int K,
                              const Segment* segments, const int32_t* row_segment,
-                             StateAddress state, bool rewrite_history, float* q, float* k, float* v,
-                             float* lr, cudaStream_t stream) {
+                             StateAddress state, bool rewrite_history, bool skip_one_row_segments,
+                             float* q, float* k, float* v, float* lr, cudaStream_t stream) {
   if (f % 2 != 0 || (inputs.share_qk && inputs.conv.ck - 1 > kMaxHistory)) {
     return cudaErrorInvalidValue;
   }
@@ -276,7 +277,7 @@ cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh
                      ? PrepareTttInputsKernel<kCommonTaps>
                      : PrepareTttInputsKernel<kMaxTaps>;
   return Launch(kernel, rows, threads, 0, stream, inputs, nh, f, K, segments, row_segment, state,
-                rewrite_history, q, k, v, lr);
+                rewrite_history, skip_one_row_segments, q, k, v, lr);
 }
 
 }  // namespace ttt::kernels::cuda

@@ -1180,9 +1180,10 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   } else {
     float *q = s.q.get<float>(), *k = s.k.get<float>(), *v = s.v.get<float>();
     float* lr = s.lr.get<float>();
-    // Every row's inputs, before the decode kernel shifts its segments' conv histories.
+    // The scanned rows' inputs (all rows where the decode kernel takes none).
     TTT_CUDA(cu::PrepareTttInputs(inputs, rows, nh, f, c.mini_batch_size, segments, row_segment,
-                                  state, /*rewrite_history=*/one_token_each, q, k, v, lr, stream_));
+                                  state, /*rewrite_history=*/one_token_each,
+                                  /*skip_one_row_segments=*/decode_kernel, q, k, v, lr, stream_));
     const cu::Segment* scanned = segments;
     int64_t num_scanned = num_segments;
     if (decode_kernel) {
