@@ -5,10 +5,13 @@
 # Prints the JSON summaries, and where the served time went: the server's engine steps (from its
 # /metrics) and how busy the machine's cores were during the run.
 #   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
+# REQUESTS defaults to 8 × STREAMS: with every request as long as the others, they come in waves,
+# and two waves' figure moved ±6% between runs of one engine where eight came within 3%
+# (bench/README.md, served v7).
 # SERVER_CPUS / LOADGEN_CPUS (taskset lists, e.g. 0-7 and 8-15) keep the two on cores of their
 # own, as when the clients run on other machines.
 set -euo pipefail
-build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((2 * streams))}"
+build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((8 * streams))}"
 metrics_port="${6:-9464}"; connections="${7:-1}"
 server_cpus=(); [ -n "${SERVER_CPUS:-}" ] && server_cpus=(taskset -c "$SERVER_CPUS")
 loadgen_cpus=(); [ -n "${LOADGEN_CPUS:-}" ] && loadgen_cpus=(taskset -c "$LOADGEN_CPUS")
