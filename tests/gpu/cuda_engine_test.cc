@@ -298,6 +298,13 @@ TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
 // the decode kernel has a form for (f = 64 and 32; the golden models have 16).
 class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {
  protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    model_ = ParamModel();
+    cpu_ = std::make_unique<CpuEngine>(model_);
+    gpu_ = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+    ASSERT_NE(gpu_, nullptr);
+  }
   // The parameters' model, seeded by its flags.
   std::shared_ptr<const Model> ParamModel() const {
     const auto [inner, flags, head_dim] = GetParam();
@@ -318,23 +325,20 @@ class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerTy
     c.tie_word_embeddings = flags % 2 == 0;
     return testing::RandomModel(c, 100 + flags);
   }
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<CpuEngine> cpu_;
+  std::unique_ptr<Engine> gpu_;
 };
 
 // Five sequences at different offsets stepping together for 300 decode steps (DecodeSteps).
 TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
-  SKIP_WITHOUT_GPU();
   const auto [inner, flags, head_dim] = GetParam();
-  auto model = ParamModel();
-  const ModelConfig& c = model->config;
-  CpuEngine cpu(model);
-  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
-  ASSERT_NE(gpu, nullptr);
-
   // Five sequences: the decode step runs in the graph of bucket 8, three rows idle.
   const int steps = DecodeSteps(300);
   float worst = 0;
-  ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, {1, 9, 16, 45, 3}, steps,
-                                        LogitsFor::kEveryToken, flags, KeepLargestGap(&worst)));
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(*cpu_, *gpu_, model_->config.vocab_size, {1, 9, 16, 45, 3},
+                                        steps, LogitsFor::kEveryToken, flags,
+                                        KeepLargestGap(&worst)));
   std::printf("[cuda-vs-cpu] %s flags %d f %d: max|Δ| %.3g over %d steps\n",
               inner == TttLayerType::kMlp ? "mlp" : "linear", flags, head_dim, worst, steps);
   EXPECT_LE(worst, 1e-3f);
@@ -345,22 +349,16 @@ TEST_P(CudaMatchesCpuTest, MixedOffsetBatchOverManySteps) {
 // one of them takes a chunk of 2–19 tokens (some close a window, some cross one), and every fifth
 // step another takes none; 60 steps (DecodeSteps), every row's logits compared.
 TEST_P(CudaMatchesCpuTest, StepsMixingPromptsWithSingleTokens) {
-  SKIP_WITHOUT_GPU();
   const auto [inner, flags, head_dim] = GetParam();
-  auto model = ParamModel();
-  const ModelConfig& c = model->config;
-  CpuEngine cpu(model);
-  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
-  ASSERT_NE(gpu, nullptr);
-
+  Engine &cpu = *cpu_, &gpu = *gpu_;
   constexpr int kSequences = 6;
   std::mt19937 rng(flags);
-  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  std::uniform_int_distribution<int32_t> token(0, model_->config.vocab_size - 1);
   std::vector<SequenceChunk> cpu_batch(kSequences), gpu_batch(kSequences);
   std::vector<std::vector<int32_t>> tokens(kSequences);
   for (int s = 0; s < kSequences; ++s) {
     cpu_batch[s].slot = *cpu.CreateSequence();
-    gpu_batch[s].slot = *gpu->CreateSequence();
+    gpu_batch[s].slot = *gpu.CreateSequence();
   }
   const int steps = DecodeSteps(60);
   float worst = 0;
@@ -374,7 +372,7 @@ TEST_P(CudaMatchesCpuTest, StepsMixingPromptsWithSingleTokens) {
       cpu_batch[s].tokens = gpu_batch[s].tokens = tokens[s];
     }
     ASSERT_TRUE(cpu.Forward(cpu_batch, LogitsFor::kEveryToken, &cpu_logits).ok());
-    ASSERT_TRUE(gpu->Forward(gpu_batch, LogitsFor::kEveryToken, &gpu_logits).ok());
+    ASSERT_TRUE(gpu.Forward(gpu_batch, LogitsFor::kEveryToken, &gpu_logits).ok());
     ASSERT_EQ(gpu_logits.size(), cpu_logits.size());
     worst = std::max(worst, testing::MaxAbsDiff(cpu_logits, gpu_logits));
   }
