@@ -13,7 +13,8 @@
 // in the same run. With --timeline it then records a few more steps' kernels as they ran. At
 // batch 1 it records which path the engine decoded by (single_sequence_decode). With --joining N,
 // each step also takes N new sequences' prompts in place of N finished ones, as a server's steps
-// do while requests arrive.
+// do while requests arrive. With --steps_in_flight 2, steps are queued as the server queues them:
+// the next before the last is collected, so the host's part of a step hides behind the device's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,6 +55,11 @@ ABSL_FLAG(int32_t, joining, 0,
           "take their places, each step's chunk for them being a prompt of --joining_prompt "
           "tokens: steps that mix prompts with decode rows, as a server's do.");
 ABSL_FLAG(int32_t, joining_prompt, 16, "Prompt tokens of each sequence that --joining adds.");
+ABSL_FLAG(int32_t, steps_in_flight, 1,
+          "1: each step is timed alone, from queueing it to its tokens on the host (its latency). "
+          "2: as the server drives the engine, the next step is queued before the one in flight "
+          "is collected, taking that step's tokens on the device; steps are then timed from one "
+          "collected step to the next (the rate a server's steps come at).");
 ABSL_FLAG(int32_t, steps, 128, "Timed decode steps per configuration.");
 ABSL_FLAG(int32_t, warmup, 8, "Untimed decode steps before them.");
 ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine call.");
@@ -62,8 +68,8 @@ ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.")
 ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
 ABSL_FLAG(std::string, timeline, "",
           "CUDA: after the timed steps, record the kernels of --timeline_steps more steps as "
-          "they ran (start and end on the GPU) into this CSV file, for bench/timeline.py. "
-          "Kernels are traced all along, the timed steps too.");
+          "they ran (start and end on the GPU), and the host's CUDA calls, into this CSV file, "
+          "for bench/timeline.py. Both are traced all along, the timed steps too.");
 ABSL_FLAG(int32_t, timeline_steps, 4, "Decode steps recorded by --timeline.");
 ABSL_FLAG(std::string, single_sequence_kernel, "auto",
           "CUDA: decode batch 1 with every layer in one kernel: auto (whichever the engine times "
@@ -112,18 +118,24 @@ absl::StatusOr<double> CopyBandwidth([[maybe_unused]] std::string_view backend) 
 }
 
 #if TTT_BENCH_TIMELINE
-// Appends `batch`'s kernels to the CSV file at `path` (a new file, with its header, unless
-// `append`): one line a kernel, its name quoted.
-absl::Status WriteTimeline(const std::string& path, int32_t batch,
-                           const std::vector<KernelSpan>& spans, bool append) {
+// Appends `batch`'s kernels and the host's CUDA calls to the CSV file at `path` (a new file, with
+// its header, unless `append`): one line each, names quoted; a call's stream is "host".
+absl::Status WriteTimeline(const std::string& path, int32_t batch, const Timeline& timeline,
+                           bool append) {
   std::ofstream out(path, append ? std::ios::app : std::ios::trunc);
   if (!append) out << "batch,launch,stream,kernel,grid,block,start_ns,end_ns\n";
-  for (const KernelSpan& k : spans) {
-    std::string quoted = "\"";
-    for (char c : k.name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
-    quoted += '"';
-    out << batch << ',' << k.launch << ',' << k.stream << ',' << quoted << ',' << k.grid << ','
-        << k.block << ',' << k.start_ns << ',' << k.end_ns << '\n';
+  auto quoted = [](std::string_view name) {
+    std::string text = "\"";
+    for (char c : name) text += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return text + '"';
+  };
+  for (const KernelSpan& k : timeline.kernels) {
+    out << batch << ',' << k.launch << ',' << k.stream << ',' << quoted(k.name) << ',' << k.grid
+        << ',' << k.block << ',' << k.start_ns << ',' << k.end_ns << '\n';
+  }
+  for (const HostCall& call : timeline.host_calls) {
+    out << batch << ",0,host," << quoted(call.name) << ",0,0," << call.start_ns << ','
+        << call.end_ns << '\n';
   }
   out.flush();
   if (!out) return absl::InternalError(absl::StrCat("--timeline: cannot write ", path));
@@ -150,7 +162,7 @@ absl::Status Run() {
     if (absl::GetFlag(FLAGS_backend) == "cpu") {
       return absl::InvalidArgumentError("--timeline: the CUDA backend only");
     }
-    if (const absl::Status started = StartKernelTimeline(); !started.ok()) {
+    if (const absl::Status started = StartTimeline(); !started.ok()) {
       return absl::Status(started.code(), absl::StrCat("--timeline: ", started.message()));
     }
 #else
@@ -178,6 +190,11 @@ absl::Status Run() {
     }
     if (joining > 0 && joining_prompt < 1) {
       return absl::InvalidArgumentError("--joining_prompt: at least 1");
+    }
+    const int32_t steps_in_flight = absl::GetFlag(FLAGS_steps_in_flight);
+    if (steps_in_flight < 1 || steps_in_flight > Engine::kMaxStepsInFlight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--steps_in_flight: 1 to ", Engine::kMaxStepsInFlight));
     }
     int64_t prompt_tokens = 0;
     for (int32_t b = 0; b < batch; ++b) {
@@ -226,32 +243,54 @@ absl::Status Run() {
         tokens[b].resize(joining_prompt);
         for (int32_t& t : tokens[b]) t = token(rng);
         chunks[b].tokens = tokens[b];
+        chunks[b].takes_token_in_flight = false;
       }
       return absl::OkStatus();
     };
-    // One decode step; `queued`, if given, gets the time the host had queued it.
-    auto decode_step = [&](std::chrono::steady_clock::time_point* queued) -> absl::Status {
-      TTT_RETURN_IF_ERROR(engine.StartForwardAndSample(chunks, sampling));
-      if (queued != nullptr) *queued = std::chrono::steady_clock::now();
+    // Steps queued and not yet collected. Each collected step's tokens feed the next: through
+    // the host once none is in flight, else on the device (the chunks take the tokens in flight).
+    int32_t in_flight = 0;
+    auto collect_step = [&]() -> absl::Status {
       TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
+      if (--in_flight > 0) return absl::OkStatus();
       for (int32_t b = 0; b < batch; ++b) {
         tokens[b].assign(1, sampled[b].id);
         chunks[b].tokens = tokens[b];
+        chunks[b].takes_token_in_flight = false;
       }
       return absl::OkStatus();
     };
+    // Queues a step, then collects the oldest once --steps_in_flight are queued; with more than
+    // one, the next step's chunks take this one's tokens. `queued` gets the time the host had
+    // queued it, `collected` the time the oldest step's tokens were back.
+    using Clock = std::chrono::steady_clock;
+    auto decode_step = [&](Clock::time_point* queued, Clock::time_point* collected) {
+      TTT_RETURN_IF_ERROR(engine.StartForwardAndSample(chunks, sampling));
+      *queued = Clock::now();
+      if (steps_in_flight > 1) {
+        for (SequenceChunk& chunk : chunks) {
+          chunk = {.slot = chunk.slot, .tokens = {}, .takes_token_in_flight = true};
+        }
+      }
+      if (++in_flight == steps_in_flight) TTT_RETURN_IF_ERROR(collect_step());
+      *collected = Clock::now();
+      return absl::OkStatus();
+    };
     const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
+    Clock::time_point last_collected;
     for (int32_t s = 0; s < warmup + steps; ++s) {
       TTT_RETURN_IF_ERROR(join());
-      const auto start = std::chrono::steady_clock::now();
-      std::chrono::steady_clock::time_point queued;
-      TTT_RETURN_IF_ERROR(decode_step(&queued));
-      const auto end = std::chrono::steady_clock::now();
+      const auto start = Clock::now();
+      Clock::time_point queued, collected;
+      TTT_RETURN_IF_ERROR(decode_step(&queued, &collected));
       if (s >= warmup) {
-        step_seconds.push_back(std::chrono::duration<double>(end - start).count());
+        const Clock::time_point from = steps_in_flight == 1 ? start : last_collected;
+        step_seconds.push_back(std::chrono::duration<double>(collected - from).count());
         launch_seconds.push_back(std::chrono::duration<double>(queued - start).count());
       }
+      last_collected = collected;
     }
+    while (in_flight > 0) TTT_RETURN_IF_ERROR(collect_step());
     double total = 0;
     for (double s : step_seconds) total += s;
     const double p50 = Percentile(step_seconds, 0.5);
@@ -267,6 +306,7 @@ absl::Status Run() {
         {"joining", joining},
         {"joining_prompt", joining_prompt},
         {"steps", steps},
+        {"steps_in_flight", steps_in_flight},
         {"temperature", absl::GetFlag(FLAGS_temperature)},
         {"tokens_per_s", batch / p50},
         {"tokens_per_s_mean", batch * steps / total},
@@ -290,13 +330,15 @@ absl::Status Run() {
 
 #if TTT_BENCH_TIMELINE
     if (!timeline.empty()) {
-      TTT_RETURN_IF_ERROR(TakeKernelTimeline().status());  // Forgets the steps before.
+      TTT_RETURN_IF_ERROR(TakeTimeline().status());  // Forgets the steps before.
       for (int32_t s = 0; s < absl::GetFlag(FLAGS_timeline_steps); ++s) {
         TTT_RETURN_IF_ERROR(join());
-        TTT_RETURN_IF_ERROR(decode_step(nullptr));
+        Clock::time_point queued, collected;
+        TTT_RETURN_IF_ERROR(decode_step(&queued, &collected));
       }
-      TTT_ASSIGN_OR_RETURN(const std::vector<KernelSpan> spans, TakeKernelTimeline());
-      TTT_RETURN_IF_ERROR(WriteTimeline(timeline, batch, spans, /*append=*/!first_timeline));
+      while (in_flight > 0) TTT_RETURN_IF_ERROR(collect_step());
+      TTT_ASSIGN_OR_RETURN(const Timeline recorded, TakeTimeline());
+      TTT_RETURN_IF_ERROR(WriteTimeline(timeline, batch, recorded, /*append=*/!first_timeline));
       first_timeline = false;
     }
 #endif
