@@ -20,7 +20,7 @@ constexpr size_t kBufferBytes = size_t{8} << 20;
 constexpr size_t kBufferAlignment = 8;  // CUPTI's records need 8-byte alignment.
 
 std::mutex recorded_mutex;
-std::vector<KernelSpan> recorded;  // Guarded by recorded_mutex.
+Timeline recorded;  // Guarded by recorded_mutex.
 
 // "void ns::Kernel<T>(int, float*)" → "ns::Kernel<T>".
 std::string ShortName(const char* mangled) {
@@ -52,15 +52,26 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   std::lock_guard lock(recorded_mutex);
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-    const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    recorded.push_back({.name = ShortName(kernel->name),
-                        .launch = kernel->correlationId,
-                        .stream = kernel->streamId,
-                        .grid = int64_t{kernel->gridX} * kernel->gridY * kernel->gridZ,
-                        .block = int64_t{kernel->blockX} * kernel->blockY * kernel->blockZ,
-                        .start_ns = kernel->start,
-                        .end_ns = kernel->end});
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      recorded.kernels.push_back(
+          {.name = ShortName(kernel->name),
+           .launch = kernel->correlationId,
+           .stream = kernel->streamId,
+           .grid = int64_t{kernel->gridX} * kernel->gridY * kernel->gridZ,
+           .block = int64_t{kernel->blockX} * kernel->blockY * kernel->blockZ,
+           .start_ns = kernel->start,
+           .end_ns = kernel->end});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ||
+               record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* call = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const char* name = "unknown";
+      cuptiGetCallbackName(record->kind == CUPTI_ACTIVITY_KIND_RUNTIME ? CUPTI_CB_DOMAIN_RUNTIME_API
+                                                                       : CUPTI_CB_DOMAIN_DRIVER_API,
+                           call->cbid, &name);
+      recorded.host_calls.push_back(
+          {.name = name, .thread = call->threadId, .start_ns = call->start, .end_ns = call->end});
+    }
   }
   std::free(buffer);
 }
@@ -74,14 +85,17 @@ absl::Status CuptiStatus(CUptiResult result, std::string_view what) {
 
 }  // namespace
 
-absl::Status StartKernelTimeline() {
+absl::Status StartTimeline() {
   TTT_RETURN_IF_ERROR(CuptiStatus(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
                                   "cuptiActivityRegisterCallbacks"));
-  return CuptiStatus(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
-                     "cuptiActivityEnable");
+  for (const CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                        CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER}) {
+    TTT_RETURN_IF_ERROR(CuptiStatus(cuptiActivityEnable(kind), "cuptiActivityEnable"));
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<KernelSpan>> TakeKernelTimeline() {
+absl::StatusOr<Timeline> TakeTimeline() {
   if (const cudaError_t error = cudaDeviceSynchronize(); error != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaDeviceSynchronize: ", cudaGetErrorString(error)));
   }

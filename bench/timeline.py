@@ -16,6 +16,10 @@ With --order N, also the median step's first N kernels as they started, each wit
 end and exposed time: the chain of one layer, link by link. Steps that ran outside a graph
 (ttt-bench --joining's steps with prompts) need --first: a step then starts at each kernel whose
 name contains KERNEL (EmbeddingGather, the first of every step).
+
+The file's rows whose stream is "host" are the host's CUDA calls over the same steps: the table
+then ends with the host's time in them a step, by call, largest first (a step outside a graph
+that leaves the GPU waiting is waiting for these).
 """
 import argparse
 import csv
@@ -76,10 +80,11 @@ def main():
                         help="steps outside graphs: each starts at a kernel whose name has this")
     args = parser.parse_args()
     by_batch = defaultdict(list)
+    calls_by_batch = defaultdict(list)
     with open(args.file, newline="") as f:
         for r in csv.DictReader(f):
             r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
-            by_batch[int(r["batch"])].append(r)
+            (calls_by_batch if r["stream"] == "host" else by_batch)[int(r["batch"])].append(r)
     for batch, rows in sorted(by_batch.items()):
         if args.batch is not None and batch != args.batch:
             continue
@@ -88,6 +93,7 @@ def main():
             print(f"batch {batch}: no step recorded", file=sys.stderr if args.json else sys.stdout)
             continue
         summary = summarise(batch, steps)
+        summary["host_calls"] = summarise_calls(calls_by_batch[batch], len(steps))
         if args.json:
             print(json.dumps(summary))
         else:
@@ -130,6 +136,17 @@ def summarise(batch, steps):
     }
 
 
+def summarise_calls(calls, steps):
+    """The host's CUDA calls by name: calls and microseconds a step (over the recorded steps),
+    largest first."""
+    by_name = defaultdict(lambda: [0, 0])
+    for r in calls:
+        by_name[r["kernel"]][0] += 1
+        by_name[r["kernel"]][1] += r["end"] - r["start"]
+    return [{"call": name, "count_per_step": count / steps, "us_per_step": ns / steps / 1e3}
+            for name, (count, ns) in sorted(by_name.items(), key=lambda kv: -kv[1][1])]
+
+
 def median_step(steps):
     """The step whose span is the median one."""
     by_span = sorted(steps, key=lambda k: exposed_times(k)[2])
@@ -157,6 +174,13 @@ def print_table(s):
         per_step = k["exposed_per_step_us"]
         print(f"{per_step:16.1f} {per_step / s['step_us']:6.1%} {k['count_per_step']:6.1f} "
               f"{k['span_us']:8.2f} {k['exposed_us']:10.2f}  {k['kernel'][:90]} [{k['grid']}]")
+    calls = s["host_calls"]
+    if calls:
+        print(f"host: {sum(c['us_per_step'] for c in calls):.1f} us a step in "
+              f"{sum(c['count_per_step'] for c in calls):.0f} CUDA calls")
+        print(f"{'us/step':>16} {'count':>13}  call")
+        for c in calls[:12]:
+            print(f"{c['us_per_step']:16.1f} {c['count_per_step']:13.1f}  {c['call']}")
 
 if __name__ == "__main__":
     main()
