@@ -130,16 +130,17 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
 // A warp takes an item (a segment's head) at a time, in the order of `segments` (each names its
 // row): the items of segments[s] are at positions s·nh … s·nh + nh − 1, and position p runs on
 // warp p mod TttDecodeWarps(…); segments of no token are skipped. server/engine/decode_order.h
-// plans that order.
+// plans that order. `beside_scan`: a TttScan of the same step runs beside it (another stream),
+// so the kernel leaves each SM room for a scan block.
 bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
                    StateAddress state, TttStateOffsets offsets);
 cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
                       const Segment* segments, int num_segments, StateAddress state,
-                      TttStateOffsets offsets, float* out, cudaStream_t stream);
+                      TttStateOffsets offsets, float* out, bool beside_scan, cudaStream_t stream);
 // The warps TttDecode runs a step of `num_segments` segments on (as many as fit on the current
-// device, at most one an item), or 0 if the device cannot say.
-int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
-                   int num_segments);
+// device, fewer beside a scan, at most one an item), or 0 if the device cannot say.
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs, int num_segments,
+                   bool beside_scan);
 
 // The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
 // times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`. The gate

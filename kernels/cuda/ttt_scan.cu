@@ -626,34 +626,44 @@ bool SixteenByteAligned(const TttScanParams& params, StateAddress state, TttStat
          offsets.W1 % 4 == 0 && offsets.b1 % 4 == 0 && offsets.k % 4 == 0 && offsets.g1 % 4 == 0;
 }
 
+// The decode warps an SM takes beside a scan of the same step (TttDecode's beside_scan): each
+// SM then keeps room for scan blocks, which otherwise start only as decode warps retire. Of the
+// 13 that fit at f = 64, 7 was the best of 3-11 in steps mixing prompts (bench/README.md v30).
+constexpr int kDecodeWarpsPerSmBesideScan = 7;
+
 // As many warps as fit on the device at once (the decode kernel is persistent: each walks items
-// a grid apart), found on first use.
+// a grid apart), found on first use; beside a scan, kDecodeWarpsPerSmBesideScan an SM at most.
 template <int kF, int kTaps>
-cudaError_t ResidentDecodeWarps(int* warps) {
-  static std::atomic<int> resident{0};
-  if (resident.load() == 0) {
-    int device = 0, sms = 0, per_sm = 0;
+cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
+  static std::atomic<int> sms{0}, per_sm{0};
+  if (per_sm.load() == 0) {
+    int device = 0, count = 0, fit = 0;
     cudaError_t status = cudaGetDevice(&device);
     if (status == cudaSuccess) {
-      status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
     }
     if (status == cudaSuccess) {
       status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, TttDecodeLinearKernel<kF, kTaps>, kWarp, DecodeSharedBytes(kF));
+          &fit, TttDecodeLinearKernel<kF, kTaps>, kWarp, DecodeSharedBytes(kF));
     }
     if (status != cudaSuccess) return status;
-    resident = std::max(1, sms * per_sm);
+    sms = std::max(1, count);
+    per_sm = std::max(1, fit);
   }
-  *warps = resident.load();
+  const int warps_per_sm =
+      beside_scan ? std::min(per_sm.load(), kDecodeWarpsPerSmBesideScan) : per_sm.load();
+  *warps = sms.load() * warps_per_sm;
   return cudaSuccess;
 }
 
 template <int kF, int kTaps>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
                                const Segment* segments, int num_segments, StateAddress state,
-                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
+                               TttStateOffsets offsets, float* out, bool beside_scan,
+                               cudaStream_t stream) {
   int resident = 0;
-  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps>(&resident); status != cudaSuccess) {
+  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps>(beside_scan, &resident);
+      status != cudaSuccess) {
     return status;
   }
   const int items = num_segments * params.nh;
@@ -665,18 +675,19 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
 template <int kF>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
                                const Segment* segments, int num_segments, StateAddress state,
-                               TttStateOffsets offsets, float* out, cudaStream_t stream) {
+                               TttStateOffsets offsets, float* out, bool beside_scan,
+                               cudaStream_t stream) {
   return FourChannelLoadsFit(inputs)
              ? LaunchDecodeLinear<kF, kFourTaps>(params, inputs, segments, num_segments, state,
-                                                 offsets, out, stream)
+                                                 offsets, out, beside_scan, stream)
              : LaunchDecodeLinear<kF, kMaxTaps>(params, inputs, segments, num_segments, state,
-                                                offsets, out, stream);
+                                                offsets, out, beside_scan, stream);
 }
 
 template <int kF>
-cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, int* warps) {
-  return FourChannelLoadsFit(inputs) ? ResidentDecodeWarps<kF, kFourTaps>(warps)
-                                     : ResidentDecodeWarps<kF, kMaxTaps>(warps);
+cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, bool beside_scan, int* warps) {
+  return FourChannelLoadsFit(inputs) ? ResidentDecodeWarps<kF, kFourTaps>(beside_scan, warps)
+                                     : ResidentDecodeWarps<kF, kMaxTaps>(beside_scan, warps);
 }
 
 }  // namespace
@@ -690,28 +701,29 @@ bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& input
 
 cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
                       const Segment* segments, int num_segments, StateAddress state,
-                      TttStateOffsets offsets, float* out, cudaStream_t stream) {
+                      TttStateOffsets offsets, float* out, bool beside_scan, cudaStream_t stream) {
   if (!TttDecodeFits(params, inputs, state, offsets)) return cudaErrorNotSupported;
   if (num_segments == 0) return cudaSuccess;
   switch (params.f) {
     case 16:
       return LaunchDecodeLinear<16>(params, inputs, segments, num_segments, state, offsets, out,
-                                    stream);
+                                    beside_scan, stream);
     case 32:
       return LaunchDecodeLinear<32>(params, inputs, segments, num_segments, state, offsets, out,
-                                    stream);
+                                    beside_scan, stream);
     default:
       return LaunchDecodeLinear<64>(params, inputs, segments, num_segments, state, offsets, out,
-                                    stream);
+                                    beside_scan, stream);
   }
 }
 
 int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
-                   int num_segments) {
+                   int num_segments, bool beside_scan) {
   int resident = 0;
-  const cudaError_t status = params.f == 16   ? ResidentDecodeWarps<16>(inputs, &resident)
-                             : params.f == 32 ? ResidentDecodeWarps<32>(inputs, &resident)
-                                              : ResidentDecodeWarps<64>(inputs, &resident);
+  const cudaError_t status =
+      params.f == 16   ? ResidentDecodeWarps<16>(inputs, beside_scan, &resident)
+      : params.f == 32 ? ResidentDecodeWarps<32>(inputs, beside_scan, &resident)
+                       : ResidentDecodeWarps<64>(inputs, beside_scan, &resident);
   if (status != cudaSuccess) {
     cudaGetLastError();
     return 0;

@@ -871,7 +871,8 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
   inputs.proj = s.proj.get<float>();
   const cu::TttScanParams params = TttParams(0);
   PlanDecodeOrder(decode_work_, params.nh,
-                  cu::TttDecodeWarps(params, inputs, static_cast<int>(decode_segments)),
+                  cu::TttDecodeWarps(params, inputs, static_cast<int>(decode_segments),
+                                     /*beside_scan=*/decode_segments < segments),
                   decode_order_);
   cu::Segment* ordered = staged + segments;
   for (int64_t i = 0; i < decode_segments; ++i) {
@@ -1189,8 +1190,8 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const bool decode_kernel =
       decode_segments > 0 && cu::TttDecodeFits(params, inputs, state, offsets);
   if (one_token_each && decode_kernel) {
-    TTT_CUDA(
-        cu::TttDecode(params, inputs, ordered, num_segments, state, offsets, ttt_out, stream_));
+    TTT_CUDA(cu::TttDecode(params, inputs, ordered, num_segments, state, offsets, ttt_out,
+                           /*beside_scan=*/false, stream_));
   } else {
     // The scan's segments, and the stream it runs on: with the decode kernel, the segments
     // after the decode ones, beside it (scan_stream_); the two touch disjoint rows and states.
@@ -1201,7 +1202,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
       TTT_CUDA(cudaEventRecord(projected_, stream_));
       TTT_CUDA(cudaStreamWaitEvent(scan_stream_, projected_));
       TTT_CUDA(cu::TttDecode(params, inputs, ordered, decode_segments, state, offsets, ttt_out,
-                             stream_));
+                             /*beside_scan=*/decode_segments < num_segments, stream_));
       scanned = ordered + decode_segments;
       num_scanned = num_segments - decode_segments;
       scan_stream = scan_stream_;
