@@ -48,13 +48,16 @@ cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chos
 cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float eps, void* y,
                     ElementType out_type, cudaStream_t stream);
 
-// Causal depthwise conv over each segment's rows, continuing its sequence's history
-// (history_offset within the layer's state, [ck−1, D]). `row_segment` maps row → segment index.
-// accumulate: y += conv(x), else y = conv(x).
-cudaError_t CausalConv(const float* x, int rows, int D, const float* weight, const float* bias,
-                       int ck, const Segment* segments, const int32_t* row_segment,
-                       StateAddress state, size_t history_offset, float* y, bool accumulate,
-                       cudaStream_t stream);
+// The pre-conv sub-block's conv and the RMSNorm after it, over segments of any length:
+// h += CausalConv(x), x being RMSNorm(h) with the pre-conv's weight, the conv depthwise over each
+// segment's rows continuing its sequence's history (history_offset within the layer's state,
+// [ck−1, D]; AdvanceConvHistory advances it after); then y = RMSNorm(h) with `next_norm_weight`
+// and `eps`, as RmsNorm writes it. `row_segment` maps row → segment index.
+cudaError_t PreConvRows(const float* x, int rows, int D, const float* conv_weight,
+                        const float* conv_bias, int ck, const Segment* segments,
+                        const int32_t* row_segment, StateAddress state, size_t history_offset,
+                        float* h, float eps, const float* next_norm_weight, void* y,
+                        ElementType y_type, cudaStream_t stream);
 
 // Appends each segment's rows of x (row stride ld) to its history, after every conv reading that
 // history has run.

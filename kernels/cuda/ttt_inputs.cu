@@ -9,20 +9,36 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kPrepareThreads = 512;
 
-// One block per row; threads over channels.
-__global__ void CausalConvKernel(const float* x, int D, const float* w, const float* b, int ck,
-                                 const Segment* segments, const int32_t* row_segment,
-                                 StateAddress state, size_t history_offset, float* y,
-                                 bool accumulate) {
+// One block per row, its threads and their elements as RmsNormKernel's (so y is as RmsNorm writes
+// it): h += the conv of x over the row's segment, then y = RMSNorm(h).
+__global__ void __launch_bounds__(1024)
+    PreConvRowsKernel(const float* x, int D, const float* w, const float* b, int ck,
+                      const Segment* segments, const int32_t* row_segment, StateAddress state,
+                      size_t history_offset, float* h, float eps, const float* next_norm_w,
+                      void* y, ElementType y_type) {
+  __shared__ float scratch[kWarp];
   WaitForPreviousKernel();
   const int row = blockIdx.x;
   const Segment seg = segments[row_segment[row]];
   const float* history = SequenceState(state, seg.slot) + history_offset;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    const float acc =
-        ConvOf(LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, D, ck), c, w, b, ck);
-    float* out = y + static_cast<int64_t>(row) * D + c;
-    *out = accumulate ? *out + acc : acc;
+  const int64_t base = static_cast<int64_t>(row) * D;
+  float v[kRowSlice], sum = 0;
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int c = threadIdx.x + m * blockDim.x;
+    v[m] = 0.0f;
+    if (c < D) {
+      const Taps<kMaxTaps> taps = LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, D, ck);
+      v[m] = h[base + c] + ConvOf(taps, c, w, b, ck);
+      h[base + c] = v[m];
+    }
+    sum += v[m] * v[m];
+  }
+  const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
+#pragma unroll
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int c = threadIdx.x + m * blockDim.x;
+    if (c < D) Store(y, base + c, v[m] * inv_rms * next_norm_w[c], y_type);
   }
 }
 
@@ -214,13 +230,15 @@ __global__ void __launch_bounds__(kPrepareThreads)
 
 }  // namespace
 
-cudaError_t CausalConv(const float* x, int rows, int D, const float* weight, const float* bias,
-                       int ck, const Segment* segments, const int32_t* row_segment,
-                       StateAddress state, size_t history_offset, float* y, bool accumulate,
-                       cudaStream_t stream) {
+cudaError_t PreConvRows(const float* x, int rows, int D, const float* conv_weight,
+                        const float* conv_bias, int ck, const Segment* segments,
+                        const int32_t* row_segment, StateAddress state, size_t history_offset,
+                        float* h, float eps, const float* next_norm_weight, void* y,
+                        ElementType y_type, cudaStream_t stream) {
+  if (D > kMaxRowWidth || ck > kMaxTaps) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  return Launch(CausalConvKernel, rows, kThreads, 0, stream, x, D, weight, bias, ck, segments,
-                row_segment, state, history_offset, y, accumulate);
+  return Launch(PreConvRowsKernel, rows, RowThreads(D), 0, stream, x, D, conv_weight, conv_bias, ck,
+                segments, row_segment, state, history_offset, h, eps, next_norm_weight, y, y_type);
 }
 
 cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int D, int ck,

@@ -1160,16 +1160,16 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::PreConvDecode(h, rows, D, w.conv_norm, rms_eps, w.conv_w, w.conv_b, ck, segments,
                                state, layout_.conv_pre, w.seq_norm, s.x.get(), gemm_type(),
                                stream_));
+  } else if (c.pre_conv) {
+    float* normed = s.conv_in.get<float>();
+    TTT_CUDA(
+        cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
+    TTT_CUDA(cu::PreConvRows(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
+                             layout_.conv_pre, h, rms_eps, w.seq_norm, s.x.get(), gemm_type(),
+                             stream_));
+    TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
+                                    layout_.conv_pre, stream_));
   } else {
-    if (c.pre_conv) {
-      float* normed = s.conv_in.get<float>();
-      TTT_CUDA(cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32,
-                           stream_));
-      TTT_CUDA(cu::CausalConv(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
-                              layout_.conv_pre, h, /*accumulate=*/true, stream_));
-      TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
-                                      layout_.conv_pre, stream_));
-    }
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
