@@ -14,8 +14,8 @@ constexpr int kPrepareThreads = 512;
 __global__ void __launch_bounds__(1024)
     PreConvRowsKernel(const float* x, int D, const float* w, const float* b, int ck,
                       const Segment* segments, const int32_t* row_segment, StateAddress state,
-                      size_t history_offset, float* h, float eps, const float* next_norm_w,
-                      void* y, ElementType y_type) {
+                      size_t history_offset, float* h, float eps, const float* next_norm_w, void* y,
+                      ElementType y_type) {
   __shared__ float scratch[kWarp];
   WaitForPreviousKernel();
   const int row = blockIdx.x;
@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(1024)
     const int c = threadIdx.x + m * blockDim.x;
     v[m] = 0.0f;
     if (c < D) {
-      const Taps<kMaxTaps> taps = LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, D, ck);
+      const Taps<kMaxTaps> taps =
+          LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, D, ck);
       v[m] = h[base + c] + ConvOf(taps, c, w, b, ck);
       h[base + c] = v[m];
     }

@@ -643,8 +643,8 @@ cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
       status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
     }
     if (status == cudaSuccess) {
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &fit, TttDecodeLinearKernel<kF, kTaps>, kWarp, DecodeSharedBytes(kF));
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, TttDecodeLinearKernel<kF, kTaps>,
+                                                             kWarp, DecodeSharedBytes(kF));
     }
     if (status != cudaSuccess) return status;
     sms = std::max(1, count);
@@ -717,8 +717,8 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
   }
 }
 
-int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
-                   int num_segments, bool beside_scan) {
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs, int num_segments,
+                   bool beside_scan) {
   int resident = 0;
   const cudaError_t status =
       params.f == 16   ? ResidentDecodeWarps<16>(inputs, beside_scan, &resident)
