@@ -141,10 +141,13 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
   const RowSummary summary = SummarizeRow(row, V, scratch_summary);
   const float top = summary.top;
   const float log_sum = logf(summary.sum);
+  // A row with no logit above −FLT_MAX (NaN or −∞ throughout: a broken model) has no first; it
+  // takes id 0, as the CPU sampler does, so that nothing reads past the row or the embeddings.
+  const int most_likely = summary.first < V ? summary.first : 0;
 
   int chosen;
   if (p.temperature == 0.0f || p.top_k == 1) {
-    chosen = summary.first;
+    chosen = most_likely;
   } else {
     // Tempered scores s = (l − top)/T ≤ 0; a token is kept when s ≥ threshold.
     const float inv_t = 1.0f / p.temperature;
@@ -214,7 +217,7 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
     }
     found = BlockMin(found, scratch_int);
     // Rounding can leave the target just past the last kept token: take the most likely one.
-    chosen = found < V ? found : summary.first;
+    chosen = found < V ? found : most_likely;
   }
   if (threadIdx.x == 0) {
     ids[blockIdx.x] = chosen;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -59,7 +60,11 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
                          std::span<const int32_t> prompt, std::span<const int32_t> output,
                          uint64_t step) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
-  std::vector<float> scores(logits.begin(), logits.end());
+  // A NaN logit (a broken model) ranks below every number, so the sort below stays well defined.
+  std::vector<float> scores(logits.size());
+  std::transform(logits.begin(), logits.end(), scores.begin(), [](float l) {
+    return std::isnan(l) ? -std::numeric_limits<float>::infinity() : l;
+  });
   auto in_vocab = [&](int32_t id) { return id >= 0 && id < vocab; };
 
   if (p.repetition_penalty != 1.0f) {

@@ -89,6 +89,25 @@ TEST(SamplerTest, PenaltiesDiscourageSeenTokens) {
   EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.06f}, {}, std::vector<int32_t>{0}, 0).id, 0);
 }
 
+// A broken model's NaN logits are never chosen over a number, and a row of nothing but NaN
+// still yields a token of the vocabulary (id 0), whatever the parameters.
+TEST(SamplerTest, NaNLogitsAreNeverChosenOverNumbers) {
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = i % 3 == 0 ? NAN : 0.1f * (i % 11);
+  logits[17] = 4.0f;
+  const std::vector<float> all_nan(50, NAN);
+  for (const SamplingParams& p :
+       {SamplingParams{}, SamplingParams{.temperature = 1.0f, .seed = 3},
+        SamplingParams{.temperature = 0.7f, .top_k = 5, .top_p = 0.8f, .min_p = 0.1f, .seed = 4}}) {
+    for (uint64_t step = 0; step < 20; ++step) {
+      const int32_t id = SampleToken(logits, p, {}, {}, step).id;
+      EXPECT_TRUE(id >= 0 && id < 50 && id % 3 != 0) << id;
+      EXPECT_EQ(SampleToken(all_nan, p, {}, {}, step).id, 0);
+    }
+  }
+  EXPECT_EQ(SampleToken(logits, {}, {}, {}, 0).id, 17);
+}
+
 TEST(SamplerTest, InvalidParametersNameTheField) {
   auto message = [](const SamplingParams& p) {
     return std::string(ValidateSamplingParams(p).message());
