@@ -294,6 +294,76 @@ TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
   ExpectWithinBf16Bounds(agreement, "prompt step of 200 rows");
 }
 
+// A long decode with bf16 weights must not drift from the float32 model through θ0's commits:
+// six sequences at mixed offsets decode 400 steps (25 windows committed each) against the CPU
+// engine in float32, held to the golden models' bounds over the last 100 steps as over all of
+// them. (Any change to how the state is held or read, such as a 16-bit copy of θ0, answers to
+// this test.)
+TEST(CudaBFloat16Test, FourHundredDecodeStepsStayCloseToTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig c = Bf16TestConfig();
+  auto model = testing::RandomModel(c, 17);
+  CpuEngine cpu(model);
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, 6);
+  ASSERT_NE(gpu, nullptr);
+  constexpr int kSteps = 400, kLastSteps = 100;
+  Bf16Agreement all_steps, last_steps;
+  int step = 0;
+  ASSERT_NO_FATAL_FAILURE(RunSideBySide(
+      cpu, *gpu, c.vocab_size, {1, 5, 9, 16, 22, 31}, kSteps, LogitsFor::kNone, /*seed=*/21,
+      [&](const std::vector<float>& cpu_logits, const std::vector<float>& gpu_logits) {
+        AddRows(c.vocab_size, &all_steps)(cpu_logits, gpu_logits);
+        if (step++ >= kSteps - kLastSteps) {
+          AddRows(c.vocab_size, &last_steps)(cpu_logits, gpu_logits);
+        }
+      }));
+  ExpectWithinBf16Bounds(all_steps, "400 decode steps");
+  ExpectWithinBf16Bounds(last_steps, "their last 100");
+}
+
+// A bf16 engine's saved states are the format every backend reads: a forked or restored TTT-Linear
+// sequence continues exactly, restoring and saving again gives the same bytes, and the CPU engine
+// continues the GPU's state within the bf16 relative error (a state laid out wrongly would be far
+// off; over 31 positions one near-tie is 3% of argmax agreement, so that bound is left to the
+// pooled tests above).
+TEST(CudaBFloat16Test, SavedStatesContinueOnEveryBackend) {
+  SKIP_WITHOUT_GPU();
+  auto model = LoadModel(testing::TestDataPath("golden/tiny-linear-m"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int32_t vocab = (*model)->config.vocab_size;
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 50; ++i) tokens.push_back((i * 41 + 3) % vocab);
+  const std::span<const int32_t> all(tokens);
+  auto feed = [](Engine& engine, SequenceSlot slot, std::span<const int32_t> chunk_tokens) {
+    std::vector<float> logits;
+    const SequenceChunk chunk{slot, chunk_tokens};
+    EXPECT_TRUE(engine.Forward({&chunk, 1}, LogitsFor::kEveryToken, &logits).ok());
+    return logits;
+  };
+  auto gpu = MakeCudaEngine(*model, WeightPrecision::kBFloat16);
+  ASSERT_NE(gpu, nullptr);
+  const SequenceSlot original = *gpu->CreateSequence();
+  feed(*gpu, original, all.first(19));  // One window committed, three tokens pending.
+  const SequenceSlot fork = *gpu->ForkSequence(original);
+  const std::string saved = *gpu->SaveSequence(original);
+  const SequenceSlot restored = *gpu->RestoreSequence(saved);
+  EXPECT_EQ(*gpu->SaveSequence(restored), saved);
+  const std::vector<float> expected = feed(*gpu, original, all.subspan(19));
+  EXPECT_EQ(feed(*gpu, fork, all.subspan(19)), expected);
+  EXPECT_EQ(feed(*gpu, restored, all.subspan(19)), expected);
+
+  CpuEngine cpu(*model);
+  auto on_cpu = cpu.RestoreSequence(saved);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  Bf16Agreement agreement;
+  AddRows(vocab, &agreement)(feed(cpu, *on_cpu, all.subspan(19)), expected);
+  std::printf("[cuda-bf16] the CPU engine continuing a bf16 GPU state: relative error %.3g, "
+              "argmax agreement %lld/%lld\n",
+              agreement.relative(), static_cast<long long>(agreement.agree),
+              static_cast<long long>(agreement.positions));
+  EXPECT_LE(agreement.relative(), 2e-2);
+}
+
 // GPU (float32) and CPU engines on random models of every inner type, backbone flag and head size
 // the decode kernel has a form for (f = 64 and 32; the golden models have 16).
 class CudaMatchesCpuTest : public ::testing::TestWithParam<std::tuple<TttLayerType, int, int>> {
