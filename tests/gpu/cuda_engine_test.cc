@@ -357,10 +357,11 @@ TEST(CudaBFloat16Test, SavedStatesContinueOnEveryBackend) {
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
   Bf16Agreement agreement;
   AddRows(vocab, &agreement)(feed(cpu, *on_cpu, all.subspan(19)), expected);
-  std::printf("[cuda-bf16] the CPU engine continuing a bf16 GPU state: relative error %.3g, "
-              "argmax agreement %lld/%lld\n",
-              agreement.relative(), static_cast<long long>(agreement.agree),
-              static_cast<long long>(agreement.positions));
+  std::printf(
+      "[cuda-bf16] the CPU engine continuing a bf16 GPU state: relative error %.3g, "
+      "argmax agreement %lld/%lld\n",
+      agreement.relative(), static_cast<long long>(agreement.agree),
+      static_cast<long long>(agreement.positions));
   EXPECT_LE(agreement.relative(), 2e-2);
 }
 

@@ -51,10 +51,13 @@ TEST(CudaSamplerTest, RowsWithoutAFiniteLogitStillYieldATokenOfTheVocabulary) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "temperature " << p.temperature;
     const std::vector<int32_t> chosen = ids.ToHost();
     for (size_t r = 0; r < rows.size(); ++r) {
-      const SampledToken on_cpu =
-          SampleToken(rows[r], {.temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p,
-                                .min_p = p.min_p, .seed = p.seed},
-                      {}, {}, p.step);
+      const SampledToken on_cpu = SampleToken(rows[r],
+                                              {.temperature = p.temperature,
+                                               .top_k = p.top_k,
+                                               .top_p = p.top_p,
+                                               .min_p = p.min_p,
+                                               .seed = p.seed},
+                                              {}, {}, p.step);
       EXPECT_GE(chosen[r], 0) << "row " << r << ", temperature " << p.temperature;
       EXPECT_LT(chosen[r], kVocab) << "row " << r << ", temperature " << p.temperature;
       if (r < 2) {
