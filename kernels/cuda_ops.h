@@ -32,8 +32,12 @@ struct StateAddress {
 };
 
 // Offsets in floats of a layer's TTT state parts (see server/engine/state_layout.h).
+// w1_split: TTT-Linear's W1 is held in halves (state_layout.h, SplitW1), which the decode step
+// reads the upper of: half of θ0's bytes, as bf16. Every kernel that reads or writes W1 takes it
+// as the offsets say.
 struct TttStateOffsets {
   size_t W1, b1, W2, b2, k, g1, lr, x2, g2;
+  bool w1_split = false;
 };
 
 enum class ElementType { kFloat32, kBFloat16 };
@@ -142,8 +146,8 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
                       TttStateOffsets offsets, float* out, bool beside_scan, cudaStream_t stream);
 // The warps TttDecode runs a step of `num_segments` segments on (as many as fit on the current
 // device, fewer beside a scan, at most one an item), or 0 if the device cannot say.
-int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs, int num_segments,
-                   bool beside_scan);
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   TttStateOffsets offsets, int num_segments, bool beside_scan);
 
 // The TTT layer's output before o_proj (spec §3.8): y = LayerNorm(x) over each row [rows, D],
 // times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`. The gate

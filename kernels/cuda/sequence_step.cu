@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cuda/atomic>
 #include <cuda/ptx>
+#include <type_traits>
 
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/ttt_decode.cuh"
@@ -297,7 +298,7 @@ __device__ void PrefetchLayer(const SequenceStepArgs& a, const SequenceStepLayer
       {base + layer.ttt_inputs.conv.history_offset, layer.ttt_inputs.share_qk ? D * (ck - 1) : 0},
       {layer.ttt.ln_weight, D},
       {layer.ttt.ln_bias, D},
-      {base + off.W1, nh * f * f},
+      {base + off.W1, off.w1_split ? nh * f * f / 2 : nh * f * f},  // What the TTT step reads.
       {base + off.b1, nh * f},
       {base + off.k, nh * K * f},
       {base + off.g1, nh * K * f},
@@ -315,7 +316,12 @@ __device__ void PrefetchLayer(const SequenceStepArgs& a, const SequenceStepLayer
   }
 }
 
-template <typename T, int kF, int kTaps>
+// With bf16 weights the engine holds W1 in halves (TttStateOffsets::w1_split), with float32
+// weights whole; SetUpSequenceStep refuses any other pairing.
+template <typename T>
+constexpr bool kW1Split = std::is_same_v<T, __nv_bfloat16>;
+
+template <typename T, int kF, int kTaps, bool kSplit = kW1Split<T>>
 __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepArgs a, int slots) {
   extern __shared__ __align__(128) char shared[];
   __shared__ float scratch[kWarp];
@@ -362,7 +368,10 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const Share ttt_inputs = ShareOf<T>(a, layer, kTttInputs);
     // The block's head's W1 (its state is this block's alone) comes while the stages before run.
     if (warp == 0) {
-      if (blockIdx.x < nh) CopyW1Async<kF>(base, a.offsets, blockIdx.x, w1);
+      if (blockIdx.x < nh) {
+        const bool commits = WindowPosition(seg, layer.ttt.K) == layer.ttt.K - 1;
+        CopyW1Async<kF, kSplit>(base, a.offsets, nh, blockIdx.x, commits, w1);
+      }
       __pipeline_commit();
     }
 
@@ -406,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       if (warp == 0) {
         TttProjectionInputs inputs = layer.ttt_inputs;
         inputs.proj = a.proj;
-        DecodeLinearToken<kF, kTaps>(
+        DecodeLinearToken<kF, kTaps, kSplit>(
             layer.ttt, inputs, seg, blockIdx.x, base, a.offsets, w1, a.ttt_out,
             /*commit=*/[](const DecodeWindow&, float4) {},
             /*release=*/[] {});
@@ -430,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     if (blockIdx.x < nh && WindowPosition(seg, layer.ttt.K) == layer.ttt.K - 1) {
       ConsumersSync();  // The window's last keys and gradients are visible to every warp.
       const DecodeWindow window = WindowOf<kF>(layer.ttt, blockIdx.x, base, a.offsets);
-      CommitWindow<kF>(layer.ttt, window, w1, LaneBias<kF>(window), warp, kConsumerWarps);
+      CommitWindow<kF, kSplit>(layer.ttt, window, w1, LaneBias<kF>(window), warp, kConsumerWarps);
     }
     ConsumersGridBarrier(&a.counters[kBarrierArrivals], expected);
 
@@ -603,13 +612,12 @@ bool SetUpSequenceStep(const SequenceStepArgs& a, const SequenceStepLayer& layer
       (layer.conv_norm == nullptr ||
        (Aligned16(layer.conv_norm) && Aligned16(layer.conv_w) && Aligned16(layer.conv_b) &&
         a.conv_history_offset % 4 == 0 && a.slot_floats % 4 == 0 && layer.state_offset % 4 == 0));
-  const bool fits = d.cooperative != 0 && a.D % vector == 0 && a.I % vector == 0 &&
-                    a.D <= 4 * kQuads * kConsumerThreads && row_bytes <= kSlotBytes &&
-                    weights_aligned && rows_aligned &&
-                    TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
-                    layer.ttt.f == a.f && layer.ttt.nh < d.sms &&
-                    layer.ttt_inputs.conv.ck <= kMaxTaps &&
-                    SlotsFor(a, a.f, d) >= kMinSlots;
+  const bool fits =
+      d.cooperative != 0 && a.D % vector == 0 && a.I % vector == 0 &&
+      a.D <= 4 * kQuads * kConsumerThreads && row_bytes <= kSlotBytes && weights_aligned &&
+      rows_aligned && TttDecodeFits(layer.ttt, layer.ttt_inputs, state, a.offsets) &&
+      layer.ttt.f == a.f && layer.ttt.nh < d.sms && layer.ttt_inputs.conv.ck <= kMaxTaps &&
+      a.offsets.w1_split == (type == ElementType::kBFloat16) && SlotsFor(a, a.f, d) >= kMinSlots;
   if (!fits) return false;
   TttProjectionInputs inputs = layer.ttt_inputs;
   inputs.proj = a.proj;

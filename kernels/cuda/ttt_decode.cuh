@@ -12,7 +12,8 @@
 // θ0's W1 is read from shared memory, where the caller has it copied with cp.async (all of it in
 // flight at once, no registers held); the window's pending keys and gradients are loaded into
 // registers, and their q·k_j products taken, while it is in flight. At a window's last token θ0
-// is committed from that copy.
+// is committed from that copy. Where W1 is split in halves (TttStateOffsets::w1_split, the kSplit
+// forms), the copy is of its upper half: 8 of a head's 16 KB at f = 64.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -32,6 +33,7 @@ template <int kF>
 struct DecodeTile {
   static constexpr int kLanesPerRow = kF / 4;
   static constexpr int kRowsAtOnce = kWarp / kLanesPerRow;  // R
+  static_assert(kRowsAtOnce * kF == 128, "R rows are 128 columns: 256 bytes of a plane of halves");
   static constexpr int kRowsPerLane = kF / kRowsAtOnce;     // Of θ0's f rows.
   static constexpr int kWindowRowsPerLane = (kDecodeMaxWindow + kRowsAtOnce - 1) / kRowsAtOnce;
 };
@@ -60,7 +62,44 @@ __device__ __forceinline__ float4 CentreColumns(float4 x, float eps, float* inv_
   return centred;
 }
 
-// The shared memory an item's warp works in: θ0's W1 [f, f], then q and k [f] each.
+// W1 in halves (TttStateOffsets::w1_split; server/engine/state_layout.h, SplitW1): a layer's
+// [nh, f, f] as the upper 16 bits of every float, then the lower 16 bits. Four adjacent columns
+// take a uint2 of each half (column c in the low 16 bits of its word).
+__device__ __forceinline__ float4 JoinHalves(uint2 upper, uint2 lower) {
+  return make_float4(__uint_as_float(upper.x << 16 | (lower.x & 0xffffu)),
+                     __uint_as_float((upper.x & 0xffff0000u) | lower.x >> 16),
+                     __uint_as_float(upper.y << 16 | (lower.y & 0xffffu)),
+                     __uint_as_float((upper.y & 0xffff0000u) | lower.y >> 16));
+}
+
+__device__ __forceinline__ void SplitHalves(float4 w, uint2* upper, uint2* lower) {
+  const uint32_t x = __float_as_uint(w.x), y = __float_as_uint(w.y), z = __float_as_uint(w.z),
+                 v = __float_as_uint(w.w);
+  *upper = make_uint2(x >> 16 | (y & 0xffff0000u), z >> 16 | (v & 0xffff0000u));
+  *lower = make_uint2((x & 0xffffu) | y << 16, (z & 0xffffu) | v << 16);
+}
+
+__device__ __forceinline__ float JoinHalves(uint32_t upper, uint32_t lower) {
+  return __uint_as_float(upper << 16 | lower);
+}
+
+__device__ __forceinline__ void SplitHalves(float w, uint16_t* upper, uint16_t* lower) {
+  const uint32_t bits = __float_as_uint(w);
+  *upper = static_cast<uint16_t>(bits >> 16);
+  *lower = static_cast<uint16_t>(bits);
+}
+
+// The values the upper halves alone stand for: each float cut to bf16 leaves an interval one bf16
+// step wide, and its middle is within half a step of the float, as rounding to bf16 would be.
+__device__ __forceinline__ float4 UpperHalvesMiddle(uint2 upper) {
+  constexpr uint32_t kMiddle = 0x8000u;
+  return make_float4(
+      __uint_as_float(upper.x << 16 | kMiddle), __uint_as_float((upper.x & 0xffff0000u) | kMiddle),
+      __uint_as_float(upper.y << 16 | kMiddle), __uint_as_float((upper.y & 0xffff0000u) | kMiddle));
+}
+
+// The shared memory an item's warp works in: θ0's W1 [f, f] (whole, or its upper halves then its
+// lower halves), then q and k [f] each.
 inline size_t DecodeSharedBytes(int f) { return sizeof(float) * (f * f + 2 * f); }
 
 // Whether the loads of DecodeLinearToken's kFourTaps form land on 16-byte boundaries.
@@ -74,22 +113,37 @@ inline bool FourChannelLoadsFit(const TttProjectionInputs& in) {
                                          Aligned16(conv.k_weight) && Aligned16(conv.k_bias)));
 }
 
-// Starts copying head `head`'s W1 of the state at `base` (a sequence's layer) into w1, without
-// committing the copy.
-template <int kF>
-__device__ __forceinline__ void CopyW1Async(const float* base, const TttStateOffsets& off, int head,
-                                            float4* w1) {
-  constexpr int L = DecodeTile<kF>::kLanesPerRow;
-  const float4* W1 = reinterpret_cast<const float4*>(base + off.W1) + head * kF * L;
-  for (int i = threadIdx.x % kWarp; i < kF * L; i += kWarp) {
-    __pipeline_memcpy_async(&w1[i], &W1[i], 16);
+// Starts copying head `head`'s W1 of the state at `base` (a sequence's layer, nh heads) into w1,
+// without committing the copy: all of it, or where W1 is split its upper halves, and its lower
+// halves too if the token `commits` θ0 (a commit then reads nothing but shared memory, as with W1
+// whole).
+template <int kF, bool kSplit>
+__device__ __forceinline__ void CopyW1Async(const float* base, const TttStateOffsets& off, int nh,
+                                            int head, bool commits, float4* w1) {
+  constexpr int kHalf = kF * kF / 8;  // 16-byte pieces in half of a head's W1 bytes.
+  const float4* W1 = reinterpret_cast<const float4*>(base + off.W1);
+  const int lane = threadIdx.x % kWarp;
+  if constexpr (kSplit) {
+    const float4* upper = W1 + head * kHalf;
+    for (int i = lane; i < kHalf; i += kWarp) __pipeline_memcpy_async(&w1[i], &upper[i], 16);
+    if (commits) {
+      const float4* lower = W1 + (nh + head) * kHalf;
+      for (int i = lane; i < kHalf; i += kWarp) {
+        __pipeline_memcpy_async(&w1[kHalf + i], &lower[i], 16);
+      }
+    }
+  } else {
+    const float4* whole = W1 + head * 2 * kHalf;
+    for (int i = lane; i < 2 * kHalf; i += kWarp) __pipeline_memcpy_async(&w1[i], &whole[i], 16);
   }
 }
 
-// Where a head's window lives in its layer state: θ0 (W1, b1) and the window's rows of keys,
-// gradients and step sizes.
+// Where a head's window lives in its layer state: θ0 (W1 whole, or its halves four columns a
+// uint2; b1) and the window's rows of keys, gradients and step sizes.
 struct DecodeWindow {
   float4* W1;
+  uint2* W1_upper;
+  uint2* W1_lower;
   float4* b1;
   float4* k;
   float4* g1;
@@ -100,10 +154,26 @@ template <int kF>
 __device__ __forceinline__ DecodeWindow WindowOf(const TttScanParams& p, int head, float* base,
                                                  const TttStateOffsets& off) {
   constexpr int L = DecodeTile<kF>::kLanesPerRow;
+  uint2* upper = reinterpret_cast<uint2*>(base + off.W1) + head * kF * L;
   return {reinterpret_cast<float4*>(base + off.W1) + head * kF * L,
+          upper,
+          upper + p.nh * kF * L,
           reinterpret_cast<float4*>(base + off.b1) + head * L,
           reinterpret_cast<float4*>(base + off.k) + head * p.K * L,
-          reinterpret_cast<float4*>(base + off.g1) + head * p.K * L, base + off.lr + head * p.K};
+          reinterpret_cast<float4*>(base + off.g1) + head * p.K * L,
+          base + off.lr + head * p.K};
+}
+
+// Row d's four columns of this lane (column group cg) of the W1 copied by CopyW1Async, as the
+// decode step reads them.
+template <int kF, bool kSplit>
+__device__ __forceinline__ float4 CopiedW1(const float4* w1, int d, int cg) {
+  constexpr int L = DecodeTile<kF>::kLanesPerRow;
+  if constexpr (kSplit) {
+    return UpperHalvesMiddle(reinterpret_cast<const uint2*>(w1)[d * L + cg]);
+  } else {
+    return w1[d * L + cg];
+  }
 }
 
 // This lane's channels of b1 as DecodeLinearToken's tile deals them, which CommitWindow takes.
@@ -114,13 +184,14 @@ __device__ __forceinline__ float4 LaneBias(const DecodeWindow& window) {
 }
 
 // After a window's last token θ0 becomes θ̄ (spec §4): W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
-// b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory and `bias`, the lane's channels of
-// b1 (LaneBias). Its rows may be shared by `warps` warps (this one `warp` of them, each lane
-// taking every warps-th of its rows; warp 0 b1), which must see the window's last row of keys and
-// gradients. Each lane reloads the window's gradients and step sizes (L1 hits, once per window).
-template <int kF>
+// b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory (its halves joined, where W1 is
+// split) and `bias`, the lane's channels of b1 (LaneBias). Its rows may be
+// shared by `warps` warps (this one `warp` of them, each lane taking every warps-th of its rows;
+// warp 0 b1), which must see the window's last row of keys and gradients. Each lane reloads the
+// window's gradients and step sizes (L1 hits, once per window).
+template <int kF, bool kSplit>
 __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const DecodeWindow& window,
-                                             const float4* w1, float4 bias, int warp, int warps) {
+                                             float4* w1, float4 bias, int warp, int warps) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
   const int K = p.K, lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
@@ -137,13 +208,36 @@ __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const Decod
   }
 #pragma unroll 4
   for (int m = warp; m < Tile::kRowsPerLane; m += warps) {
-    const int d = ro + R * m;
-    float4 w = w1[d * L + cg];
+    const int d = ro + R * m, at = d * L + cg;
+    float4 w;
+    if constexpr (kSplit) {
+      const uint2* halves = reinterpret_cast<const uint2*>(w1);
+      w = JoinHalves(halves[at], halves[kF * L + at]);
+    } else {
+      w = w1[at];
+    }
 #pragma unroll
     for (int j = 0; j < kDecodeMaxWindow; ++j) {
       if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
     }
-    window.W1[d * L + cg] = w;
+    if constexpr (kSplit) {
+      // Back into the shared copy: stored to the state after the loop, in 16-byte pieces (two
+      // 8-byte stores a row here made the commit the kernel's tail, bench/README.md v31).
+      uint2* halves = reinterpret_cast<uint2*>(w1);
+      SplitHalves(w, &halves[at], &halves[kF * L + at]);
+    } else {
+      window.W1[at] = w;
+    }
+  }
+  if constexpr (kSplit) {
+    // Rows R·m … R·m + R − 1 are 128 halves, 256 bytes a plane: 16 lanes store each plane's.
+    __syncwarp();
+    const int piece = lane % 16;
+    const uint4* from = reinterpret_cast<const uint4*>(w1) + (lane < 16 ? 0 : kF * L / 2);
+    uint4* to = reinterpret_cast<uint4*>(lane < 16 ? window.W1_upper : window.W1_lower);
+    for (int m = warp; m < Tile::kRowsPerLane; m += warps) {
+      to[16 * m + piece] = from[16 * m + piece];
+    }
   }
   if (warp == 0 && ro == 0) window.b1[cg] = bias - bias_update;
 }
@@ -157,9 +251,9 @@ __device__ __forceinline__ int WindowPosition(const Segment& seg, int K) {
 // The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
 // gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
 // and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
-// or with others). W1's copy into w1 (DecodeSharedBytes) must be committed before the call;
-// `release()` is called once w1 is no longer read.
-template <int kF, int kTaps, typename Commit, typename Release>
+// or with others). W1's copy into w1 (CopyW1Async, DecodeSharedBytes) must be committed before
+// the call; `release()` is called once w1 is no longer read.
+template <int kF, int kTaps, bool kSplit, typename Commit, typename Release>
 __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
                                                   const TttProjectionInputs& in, Segment seg,
                                                   int head, float* base, const TttStateOffsets& off,
@@ -279,7 +373,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
 #pragma unroll
   for (int m = 0; m < Tile::kRowsPerLane; ++m) {
     const int d = ro + R * m;
-    const float4 w = w1[d * L + cg];
+    const float4 w = CopiedW1<kF, kSplit>(w1, d, cg);
     z1 = z1 + sk[d] * w;
     zq = zq + sq[d] * w;
   }

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "kernels/cuda/ttt_decode.cuh"
 
@@ -138,6 +139,13 @@ __global__ void __launch_bounds__(kMaxScanThreads)
   const int head = blockIdx.x % nh;
   float* base = SequenceState(state, seg.slot);
   float* W1 = base + off.W1 + static_cast<size_t>(head) * f * f1;
+  // W1 in halves (TttStateOffsets::w1_split), or null.
+  uint16_t* W1_upper = nullptr;
+  uint16_t* W1_lower = nullptr;
+  if (off.w1_split) {
+    W1_upper = reinterpret_cast<uint16_t*>(base + off.W1) + static_cast<size_t>(head) * f * f1;
+    W1_lower = W1_upper + static_cast<size_t>(nh) * f * f1;
+  }
   float* b1 = base + off.b1 + head * f1;
   float* W2 = base + off.W2 + static_cast<size_t>(head) * f1 * f;
   float* b2 = base + off.b2 + head * f;
@@ -170,7 +178,8 @@ __global__ void __launch_bounds__(kMaxScanThreads)
       z1 = zq = b1[c];
 #pragma unroll 16
       for (int d = 0; d < f; ++d) {
-        const float w = W1[d * f1 + c];
+        const int at = d * f1 + c;
+        const float w = W1_upper != nullptr ? JoinHalves(W1_upper[at], W1_lower[at]) : W1[at];
         z1 += k[d] * w;
         zq += q[d] * w;
       }
@@ -240,11 +249,11 @@ __global__ void __launch_bounds__(kMaxScanThreads)
 
     // After the window's last token, θ0 takes the last token's θ̄: W −= Σ_j τ·lr_j · aⱼᵀ gⱼ for
     // each layer, with the window's rows staged in shared memory (left [K, width_a], scaled by
-    // τ·lr_j, and right [K, width_g]).
+    // τ·lr_j, and right [K, width_g]). W is whole, or in halves where `upper` is not null.
     if (r == K - 1) {
       const float tau = p.tau[K - 1];
       auto commit = [&](const float* left, int left_width, const float* right, int right_width,
-                        float* W, float* b) {
+                        float* W, uint16_t* upper, uint16_t* lower, float* b) {
         float* a = staged;                   // [K, left_width]
         float* g = staged + K * left_width;  // [K, right_width]
         __syncthreads();
@@ -265,7 +274,10 @@ __global__ void __launch_bounds__(kMaxScanThreads)
 #pragma unroll
             for (int i = 0; i < kRowsAtOnce; ++i) {
               const int d = d0 + i * parts;
-              w[i] = d < left_width ? W[d * right_width + column] : 0.0f;
+              const int at = d * right_width + column;
+              w[i] = d >= left_width    ? 0.0f
+                     : upper != nullptr ? JoinHalves(upper[at], lower[at])
+                                        : W[at];
             }
 #pragma unroll
             for (int i = 0; i < kRowsAtOnce; ++i) {
@@ -275,7 +287,12 @@ __global__ void __launch_bounds__(kMaxScanThreads)
               for (int j = 0; j < K; ++j) {
                 update += a[j * left_width + d] * g[j * right_width + column];
               }
-              W[d * right_width + column] = w[i] - update;
+              const int at = d * right_width + column;
+              if (upper != nullptr) {
+                SplitHalves(w[i] - update, &upper[at], &lower[at]);
+              } else {
+                W[at] = w[i] - update;
+              }
             }
           }
         }
@@ -285,8 +302,8 @@ __global__ void __launch_bounds__(kMaxScanThreads)
           b[c] -= update;
         }
       };
-      commit(pk, f, pg1, f1, W1, b1);              // W1 [f, f1]: keys and first-layer gradients.
-      if (p.mlp) commit(px2, f1, pg2, f, W2, b2);  // W2 [f1, f]: hidden activations, g2.
+      commit(pk, f, pg1, f1, W1, W1_upper, W1_lower, b1);            // W1 [f, f1]: keys, gradients.
+      if (p.mlp) commit(px2, f1, pg2, f, W2, nullptr, nullptr, b2);  // W2 [f1, f]: x2, g2.
     }
     __syncthreads();  // θ0, pending rows and shared inputs settle before the next token.
   }
@@ -302,7 +319,7 @@ __global__ void __launch_bounds__(kMaxScanThreads)
 // kernel for other convs, which no known model has, is left unbounded rather than spill).
 constexpr int kDecodeWarpsPerSm = 13;
 
-template <int kF, int kTaps>
+template <int kF, int kTaps, bool kSplit>
 __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm : 1)
     TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
                           int num_items, StateAddress state, TttStateOffsets off, float* out_all) {
@@ -315,7 +332,10 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   };
   auto state_of = [&](int item) { return SequenceState(state, segments[item / p.nh].slot); };
   auto copy_w1 = [&](int item) {
-    if (item < num_items) CopyW1Async<kF>(state_of(item), off, item % p.nh, w1);
+    if (item < num_items) {
+      const bool commits = WindowPosition(segments[item / p.nh], p.K) == p.K - 1;
+      CopyW1Async<kF, kSplit>(state_of(item), off, p.nh, item % p.nh, commits, w1);
+    }
     __pipeline_commit();
   };
 
@@ -326,10 +346,10 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   WaitForPreviousKernel();
   while (item < num_items) {
     const int next = next_live(item + gridDim.x);
-    DecodeLinearToken<kF, kTaps>(
+    DecodeLinearToken<kF, kTaps, kSplit>(
         p, in, segments[item / p.nh], item % p.nh, state_of(item), off, w1, out_all,
         [&](const DecodeWindow& window, float4 bias) {
-          CommitWindow<kF>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
+          CommitWindow<kF, kSplit>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
         },
         [&] { copy_w1(next); });
     item = next;
@@ -433,8 +453,18 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
       __pipeline_memcpy_async(to + row * P + col, from + row * from_stride + col, 16);
     }
   };
+  // W1 whole, or its halves (TttStateOffsets::w1_split) four columns a uint2.
+  uint2* W1_upper = reinterpret_cast<uint2*>(base + off.W1) + head * f * f / 4;
+  uint2* W1_lower = W1_upper + nh * f * f / 4;
   const int open = WindowPosition(seg, K);  // Pending rows of the window it starts in.
-  copy_rows_async(w1, W1, f, f);
+  if (off.w1_split) {
+    for (int i = threadIdx.x; i < f * f / 4; i += kPrefillThreads) {
+      const int row = i / (f / 4), col = 4 * (i % (f / 4));
+      *reinterpret_cast<float4*>(&w1[row * P + col]) = JoinHalves(W1_upper[i], W1_lower[i]);
+    }
+  } else {
+    copy_rows_async(w1, W1, f, f);
+  }
   copy_rows_async(keys, pk, f, open);
   copy_rows_async(grads, pg, f, open);
   __pipeline_commit();
@@ -595,8 +625,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   if (committed) {
     for (int i = threadIdx.x; i < f * f / 4; i += kPrefillThreads) {
       const int row = i / (f / 4), col = 4 * (i % (f / 4));
-      *reinterpret_cast<float4*>(&W1[row * f + col]) =
-          *reinterpret_cast<const float4*>(&w1[row * P + col]);
+      const float4 w = *reinterpret_cast<const float4*>(&w1[row * P + col]);
+      if (off.w1_split) {
+        SplitHalves(w, &W1_upper[i], &W1_lower[i]);
+      } else {
+        *reinterpret_cast<float4*>(&W1[row * f + col]) = w;
+      }
     }
     if (column_active && h == 0) b1[c] = bias;
   }
@@ -633,7 +667,7 @@ constexpr int kDecodeWarpsPerSmBesideScan = 7;
 
 // As many warps as fit on the device at once (the decode kernel is persistent: each walks items
 // a grid apart), found on first use; beside a scan, kDecodeWarpsPerSmBesideScan an SM at most.
-template <int kF, int kTaps>
+template <int kF, int kTaps, bool kSplit>
 cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
   static std::atomic<int> sms{0}, per_sm{0};
   if (per_sm.load() == 0) {
@@ -643,8 +677,8 @@ cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
       status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
     }
     if (status == cudaSuccess) {
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, TttDecodeLinearKernel<kF, kTaps>,
-                                                             kWarp, DecodeSharedBytes(kF));
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &fit, TttDecodeLinearKernel<kF, kTaps, kSplit>, kWarp, DecodeSharedBytes(kF));
     }
     if (status != cudaSuccess) return status;
     sms = std::max(1, count);
@@ -656,20 +690,33 @@ cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
   return cudaSuccess;
 }
 
-template <int kF, int kTaps>
+template <int kF, int kTaps, bool kSplit>
 cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionInputs& inputs,
                                const Segment* segments, int num_segments, StateAddress state,
                                TttStateOffsets offsets, float* out, bool beside_scan,
                                cudaStream_t stream) {
   int resident = 0;
-  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps>(beside_scan, &resident);
+  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps, kSplit>(beside_scan, &resident);
       status != cudaSuccess) {
     return status;
   }
   const int items = num_segments * params.nh;
-  return Launch(TttDecodeLinearKernel<kF, kTaps>, std::min(items, resident), kWarp,
+  return Launch(TttDecodeLinearKernel<kF, kTaps, kSplit>, std::min(items, resident), kWarp,
                 DecodeSharedBytes(kF), stream, params, inputs, segments, items, state, offsets,
                 out);
+}
+
+// Calls run(taps, split) with the decode kernel's form for the conv and for how W1 is held, as
+// integral constants (their ::value are kTaps and kSplit).
+template <typename Run>
+cudaError_t WithDecodeForm(const TttProjectionInputs& inputs, TttStateOffsets offsets, Run run) {
+  using FourTaps = std::integral_constant<int, kFourTaps>;
+  using AnyTaps = std::integral_constant<int, kMaxTaps>;
+  const bool four_taps = FourChannelLoadsFit(inputs);
+  if (offsets.w1_split) {
+    return four_taps ? run(FourTaps{}, std::true_type{}) : run(AnyTaps{}, std::true_type{});
+  }
+  return four_taps ? run(FourTaps{}, std::false_type{}) : run(AnyTaps{}, std::false_type{});
 }
 
 template <int kF>
@@ -677,17 +724,19 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
                                const Segment* segments, int num_segments, StateAddress state,
                                TttStateOffsets offsets, float* out, bool beside_scan,
                                cudaStream_t stream) {
-  return FourChannelLoadsFit(inputs)
-             ? LaunchDecodeLinear<kF, kFourTaps>(params, inputs, segments, num_segments, state,
-                                                 offsets, out, beside_scan, stream)
-             : LaunchDecodeLinear<kF, kMaxTaps>(params, inputs, segments, num_segments, state,
-                                                offsets, out, beside_scan, stream);
+  return WithDecodeForm(inputs, offsets, [&](auto taps, auto split) {
+    return LaunchDecodeLinear<kF, decltype(taps)::value, decltype(split)::value>(
+        params, inputs, segments, num_segments, state, offsets, out, beside_scan, stream);
+  });
 }
 
 template <int kF>
-cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, bool beside_scan, int* warps) {
-  return FourChannelLoadsFit(inputs) ? ResidentDecodeWarps<kF, kFourTaps>(beside_scan, warps)
-                                     : ResidentDecodeWarps<kF, kMaxTaps>(beside_scan, warps);
+cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, TttStateOffsets offsets,
+                                bool beside_scan, int* warps) {
+  return WithDecodeForm(inputs, offsets, [&](auto taps, auto split) {
+    return ResidentDecodeWarps<kF, decltype(taps)::value, decltype(split)::value>(beside_scan,
+                                                                                  warps);
+  });
 }
 
 }  // namespace
@@ -717,13 +766,13 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
   }
 }
 
-int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs, int num_segments,
-                   bool beside_scan) {
+int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
+                   TttStateOffsets offsets, int num_segments, bool beside_scan) {
   int resident = 0;
   const cudaError_t status =
-      params.f == 16   ? ResidentDecodeWarps<16>(inputs, beside_scan, &resident)
-      : params.f == 32 ? ResidentDecodeWarps<32>(inputs, beside_scan, &resident)
-                       : ResidentDecodeWarps<64>(inputs, beside_scan, &resident);
+      params.f == 16   ? ResidentDecodeWarps<16>(inputs, offsets, beside_scan, &resident)
+      : params.f == 32 ? ResidentDecodeWarps<32>(inputs, offsets, beside_scan, &resident)
+                       : ResidentDecodeWarps<64>(inputs, offsets, beside_scan, &resident);
   if (status != cudaSuccess) {
     cudaGetLastError();
     return 0;

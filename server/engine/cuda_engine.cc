@@ -268,6 +268,11 @@ class CudaEngine : public Engine {
 
   DeviceBuffer pool_;         // capacity_ slots of layout_.total_floats() floats.
   DeviceBuffer fresh_state_;  // θ0 from the checkpoint, everything else zero.
+  // With bf16 weights TTT-Linear's W1 is held in halves (SplitW1), so that the decode step reads
+  // θ0 as bf16 from the upper half: 8 of a head's 16 KB at f = 64, where it reads ~24 KB an item.
+  // The state stays float32 to the bit, so nothing drifts. With float32 weights, for exactness,
+  // W1 is held whole and read whole.
+  bool w1_split_ = false;
   int64_t capacity_ = 0;
   std::vector<int64_t> lengths_;  // Per slot; -1: free.
   std::vector<SequenceSlot> free_slots_;
@@ -347,7 +352,10 @@ absl::Status CudaEngine::Initialize() {
                           c.hidden_size <= kTensorCoreProductsMaxWidth &&
                           cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
 
-  const std::vector<float> fresh = FreshState(c, model_->weights, layout_);
+  w1_split_ =
+      options_.precision == WeightPrecision::kBFloat16 && c.ttt_layer_type == TttLayerType::kLinear;
+  std::vector<float> fresh = FreshState(c, model_->weights, layout_);
+  if (w1_split_) SplitW1(layout_, fresh);
   TTT_RETURN_IF_ERROR(fresh_state_.Reserve(layout_.total_bytes()));
   TTT_RETURN_IF_ERROR(CopyToDevice(fresh_state_.get(), fresh.data(), layout_.total_bytes()));
 
@@ -559,6 +567,7 @@ absl::StatusOr<std::string> CudaEngine::SaveSequence(SequenceSlot slot) const {
   TTT_CUDA(cudaMemcpyAsync(state.data(), slot_state(slot), layout_.total_bytes(),
                            cudaMemcpyDeviceToHost, stream_));
   TTT_CUDA(cudaStreamSynchronize(stream_));
+  if (w1_split_) JoinW1(layout_, state);
   return EncodeState({model_->weights.fingerprint(), model_->name}, lengths_[slot], state);
 }
 
@@ -566,6 +575,7 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
   TTT_ASSIGN_OR_RETURN(
       DecodedState decoded,
       DecodeState(bytes, {model_->weights.fingerprint(), model_->name}, layout_.total_floats()));
+  if (w1_split_) SplitW1(layout_, decoded.state);
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
   const absl::Status copied =
       CopyToDevice(slot_state(slot), decoded.state.data(), layout_.total_bytes());
@@ -870,10 +880,11 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
   cu::TttProjectionInputs inputs = TttInputs(0);
   inputs.proj = s.proj.get<float>();
   const cu::TttScanParams params = TttParams(0);
-  PlanDecodeOrder(decode_work_, params.nh,
-                  cu::TttDecodeWarps(params, inputs, static_cast<int>(decode_segments),
-                                     /*beside_scan=*/decode_segments < segments),
-                  decode_order_);
+  PlanDecodeOrder(
+      decode_work_, params.nh,
+      cu::TttDecodeWarps(params, inputs, TttOffsets(), static_cast<int>(decode_segments),
+                         /*beside_scan=*/decode_segments < segments),
+      decode_order_);
   cu::Segment* ordered = staged + segments;
   for (int64_t i = 0; i < decode_segments; ++i) {
     *ordered++ = staged[decode_candidates_[decode_order_[i]]];
@@ -1024,9 +1035,9 @@ cu::TttScanParams CudaEngine::TttParams(int64_t layer) const {
 }
 
 cu::TttStateOffsets CudaEngine::TttOffsets() const {
-  return {layout_.W1,         layout_.b1,         layout_.W2,
-          layout_.b2,         layout_.pending_k,  layout_.pending_g1,
-          layout_.pending_lr, layout_.pending_x2, layout_.pending_g2};
+  return {layout_.W1,         layout_.b1,         layout_.W2,         layout_.b2,
+          layout_.pending_k,  layout_.pending_g1, layout_.pending_lr, layout_.pending_x2,
+          layout_.pending_g2, w1_split_};
 }
 
 absl::Status CudaEngine::PrepareSequenceStep() {

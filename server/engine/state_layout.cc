@@ -1,6 +1,8 @@
 #include "server/engine/state_layout.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace ttt {
@@ -15,7 +17,8 @@ StateLayout::StateLayout(const ModelConfig& c) : num_layers(c.num_hidden_layers)
     offset += floats;
     return at;
   };
-  W1 = take(nh * f * f1);
+  W1_floats = nh * f * f1;
+  W1 = take(W1_floats);
   b1 = take(nh * f1);
   W2 = take(mlp ? nh * f1 * f : 0);
   b2 = take(mlp ? nh * f : 0);
@@ -47,6 +50,33 @@ std::vector<float> FreshState(const ModelConfig& c, const ModelWeights& weights,
     }
   }
   return state;
+}
+
+void SplitW1(const StateLayout& layout, std::span<float> state) {
+  const size_t n = layout.W1_floats;
+  std::vector<uint32_t> bits(n);
+  std::vector<uint16_t> halves(2 * n);
+  for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+    float* W1 = state.data() + layout.layer_offset(layer) + layout.W1;
+    std::memcpy(bits.data(), W1, n * sizeof(uint32_t));
+    for (size_t i = 0; i < n; ++i) {
+      halves[i] = static_cast<uint16_t>(bits[i] >> 16);
+      halves[n + i] = static_cast<uint16_t>(bits[i]);
+    }
+    std::memcpy(W1, halves.data(), 2 * n * sizeof(uint16_t));
+  }
+}
+
+void JoinW1(const StateLayout& layout, std::span<float> state) {
+  const size_t n = layout.W1_floats;
+  std::vector<uint16_t> halves(2 * n);
+  std::vector<uint32_t> bits(n);
+  for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+    float* W1 = state.data() + layout.layer_offset(layer) + layout.W1;
+    std::memcpy(halves.data(), W1, 2 * n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) bits[i] = uint32_t{halves[i]} << 16 | halves[n + i];
+    std::memcpy(W1, bits.data(), n * sizeof(uint32_t));
+  }
 }
 
 std::vector<float> WindowStepScales(const ModelConfig& c, const ModelWeights& weights,

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
-
+#include <span>
 #include <vector>
 
 #include "server/model/config.h"
@@ -29,6 +29,8 @@ struct StateLayout {
   size_t conv_qk = 0;     // [ck−1, D]    shared q/k conv input history (share_qk)
   size_t layer_floats = 0;
 
+  size_t W1_floats = 0;  // W1's length, nh·f·f1.
+
   int64_t num_layers = 0;
   size_t total_floats() const { return layer_floats * num_layers; }
   size_t total_bytes() const { return total_floats() * sizeof(float); }
@@ -39,6 +41,14 @@ struct StateLayout {
 // conv histories zero.
 std::vector<float> FreshState(const ModelConfig& config, const ModelWeights& weights,
                               const StateLayout& layout);
+
+// θ0's W1 in halves, as the CUDA engine holds it with bf16 weights (TttStateOffsets::w1_split):
+// each layer's W1 [nh, f, f1] becomes the upper 16 bits of every float, [nh, f, f1], then the
+// lower 16 bits, [nh, f, f1], in the same bytes. Joined, the halves are the floats to the bit;
+// the upper half alone is each float cut to bf16, which the decode step reads (half of θ0's
+// bytes). Saved states hold W1 whole, so an engine that splits it joins it to save.
+void SplitW1(const StateLayout& layout, std::span<float> state);
+void JoinW1(const StateLayout& layout, std::span<float> state);
 
 // Layer `layer`'s τ_r = max(0, 1/(r+1) + learnable_token_idx[r]) for r < K (spec §3.4).
 std::vector<float> WindowStepScales(const ModelConfig& config, const ModelWeights& weights,

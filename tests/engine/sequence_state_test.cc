@@ -1,7 +1,13 @@
-// Forking, saving and restoring sequence states; slot bookkeeping.
+// Forking, saving and restoring sequence states; slot bookkeeping; W1 in halves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
 #include "server/engine/cpu_engine.h"
+#include "server/engine/state_layout.h"
 #include "tests/test_support.h"
 
 namespace ttt {
@@ -133,6 +139,39 @@ TEST_F(SequenceStateTest, SlotLimitIsResourceExhausted) {
   EXPECT_EQ(limited.ForkSequence(a).status().code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(limited.ReleaseSequence(a).ok());
   EXPECT_TRUE(limited.CreateSequence().ok());
+}
+
+// W1 in halves (the CUDA engine's, with bf16 weights): the first half of each layer's W1 holds
+// every float's upper 16 bits, the second its lower 16, and joined they are the floats to the
+// bit, the rest of the state untouched.
+TEST(StateLayoutTest, W1InHalvesJoinsBackToTheSameBits) {
+  auto model = LoadModel(testing::TestDataPath("golden/tiny-linear-m"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const StateLayout layout((*model)->config);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  std::vector<float> state(layout.total_floats());
+  for (float& v : state) v = normal(rng);
+  const std::vector<float> original = state;
+
+  SplitW1(layout, state);
+  const size_t n = layout.W1_floats;
+  for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+    const size_t at = layout.layer_offset(layer) + layout.W1;
+    std::vector<uint16_t> halves(2 * n);
+    std::memcpy(halves.data(), state.data() + at, 2 * n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &original[at + i], sizeof(bits));
+      ASSERT_EQ(halves[i], bits >> 16) << "layer " << layer << ", W1 element " << i;
+      ASSERT_EQ(halves[n + i], bits & 0xffffu) << "layer " << layer << ", W1 element " << i;
+    }
+    EXPECT_TRUE(std::equal(state.begin() + at + n, state.begin() + layout.layer_offset(layer + 1),
+                           original.begin() + at + n))
+        << "layer " << layer << ": the state past W1 changed";
+  }
+  JoinW1(layout, state);
+  EXPECT_EQ(std::memcmp(state.data(), original.data(), state.size() * sizeof(float)), 0);
 }
 
 }  // namespace
