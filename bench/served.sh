@@ -42,15 +42,27 @@ snapshot() {
   exec 3<&-
 }
 cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
+# CPU seconds: the server's (user + system, from its /proc entry), and the load generator's
+# (bash's `times`: this shell's finished children, second line; run here, not in a subshell).
+server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$server/stat"; }
+children_cpu() { awk 'NR == 2 { for (i = 1; i <= 2; ++i) { split($i, t, /[ms]/); s += 60 * t[1] + t[2] } print s }' "$1"; }
 snapshot "$work/before.prom"
 read -r busy_before total_before < <(cpu)
+server_cpu_before=$(server_cpu); times > "$work/times.before"
 "${loadgen_cpus[@]}" "$build/client/ttt-loadgen" --server "127.0.0.1:$port" \
   --concurrency "$streams" --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
 read -r busy_after total_after < <(cpu)
+server_cpu_after=$(server_cpu); times > "$work/times.after"
 snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
 echo "served: $served"
+awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/times.before") $(children_cpu "$work/times.after")" \
+  -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" \
+  -v server_cores="${SERVER_CPUS:-all}" -v loadgen_cores="${LOADGEN_CPUS:-all}" 'BEGIN {
+    split(s, a); split(l, b)
+    printf "cores used: the server %.2f (on cores %s), ttt-loadgen %.2f (on cores %s)\n",
+      (a[2] - a[1]) / wall, server_cores, (b[2] - b[1]) / wall, loadgen_cores }'
 # Engine steps (ttt_step_duration_seconds and the GPU's ttt_step_device_seconds, by phase) and
 # the scheduler thread's time by part of its loop (ttt_scheduler_seconds_total), as differences
 # over the run.
