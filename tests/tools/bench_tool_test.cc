@@ -1,0 +1,107 @@
+// ttt-bench on the CPU engine, run as bench/served.sh, bench/compare.sh and bench/record.sh run
+// it: one JSON object a configuration, with the fields they read, for every way of queueing the
+// steps; and its errors, naming the flag.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/test_support.h"
+
+namespace ttt {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The model of the CPU engine's recorded benchmark (bench/README.md).
+std::string ModelArg() {
+  return "--backend cpu --model " + testing::TestDataPath("golden/small-linear-m64");
+}
+
+testing::CommandResult RunBench(const std::string& args) {
+  return testing::RunCommand(absl::StrCat(TTT_BENCH_BINARY, " ", ModelArg(), " ", args));
+}
+
+// The output's JSON lines (errors and warnings go to the same stream: they start otherwise).
+std::vector<nlohmann::json> Results(const std::string& output) {
+  std::vector<nlohmann::json> results;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("{")) results.push_back(nlohmann::json::parse(line));
+  }
+  return results;
+}
+
+void ExpectTimings(const nlohmann::json& result) {
+  EXPECT_EQ(result.at("backend"), "cpu");
+  EXPECT_EQ(result.at("model"), "small-linear-m64");
+  EXPECT_GT(result.at("tokens_per_s").get<double>(), 0);
+  EXPECT_GT(result.at("tokens_per_s_mean").get<double>(), 0);
+  EXPECT_GT(result.at("step_ms_p50").get<double>(), 0);
+  EXPECT_GE(result.at("step_ms_p99").get<double>(), result.at("step_ms_p50").get<double>());
+  EXPECT_GT(result.at("prefill_tokens_per_s").get<double>(), 0);
+  EXPECT_GT(result.at("state_bytes_per_sequence").get<int64_t>(), 0);
+  EXPECT_GT(result.at("weight_bytes").get<int64_t>(), 0);
+  // tokens_per_s is the batch over the median step.
+  EXPECT_NEAR(result.at("tokens_per_s").get<double>() * result.at("step_ms_p50").get<double>(),
+              1e3 * result.at("batch").get<int>(), 1e-6 * result.at("batch").get<int>() * 1e3);
+}
+
+TEST(BenchToolTest, OneResultForEachBatch) {
+  const testing::CommandResult run = RunBench("--batch 1,3 --steps 6 --warmup 1 --offset 5");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::vector<nlohmann::json> results = Results(run.output);
+  ASSERT_EQ(results.size(), 2u) << run.output;
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(results[i].dump());
+    EXPECT_EQ(results[i].at("batch"), i == 0 ? 1 : 3);
+    EXPECT_EQ(results[i].at("steps"), 6);
+    EXPECT_EQ(results[i].at("offset"), 5);
+    EXPECT_EQ(results[i].at("steps_in_flight"), 1);
+    EXPECT_EQ(results[i].at("staggered"), false);
+    EXPECT_EQ(results[i].at("joining"), 0);
+    ExpectTimings(results[i]);
+  }
+}
+
+// Steps queued one at a time and two at a time (the next before the last is collected, its rows
+// taking that step's tokens on the engine), with sequences at spread offsets and new ones joining
+// every step, as a server's steps are.
+TEST(BenchToolTest, StepsQueuedAsTheServerQueuesThem) {
+  for (int in_flight : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("--steps_in_flight ", in_flight));
+    const testing::CommandResult run =
+        RunBench(absl::StrCat("--batch 4 --steps 6 --warmup 2 --offset 5 --staggered --joining 1",
+                              " --joining_prompt 3 --temperature 1 --steps_in_flight ", in_flight));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::vector<nlohmann::json> results = Results(run.output);
+    ASSERT_EQ(results.size(), 1u) << run.output;
+    EXPECT_EQ(results[0].at("steps_in_flight"), in_flight);
+    EXPECT_EQ(results[0].at("staggered"), true);
+    EXPECT_EQ(results[0].at("joining"), 1);
+    EXPECT_EQ(results[0].at("joining_prompt"), 3);
+    EXPECT_EQ(results[0].at("temperature"), 1.0);
+    ExpectTimings(results[0]);
+  }
+}
+
+TEST(BenchToolTest, BadFlagsAreClearErrors) {
+  struct Case {
+    std::string args, flag;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"--batch 4 --steps_in_flight 3", "--steps_in_flight"},
+                         {"--batch 4 --joining 5", "--joining"},
+                         {"--batch 4 --joining 1 --joining_prompt 0", "--joining_prompt"}}) {
+    const testing::CommandResult run = RunBench(c.args);
+    EXPECT_NE(run.exit_code, 0) << c.args;
+    EXPECT_THAT(run.output, HasSubstr(c.flag)) << c.args;
+    EXPECT_TRUE(Results(run.output).empty()) << run.output;
+  }
+}
+
+}  // namespace
+}  // namespace ttt
