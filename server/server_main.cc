@@ -92,8 +92,8 @@ absl::Status Run() {
   // end; then a wave of streams arriving together (a batch of requests that ended on one step,
   // their clients sending the next) waits for threads made one at a time: ~20 ms for 256
   // streams, longer than 25 decode steps. So threads stay, idle, up to as many as calls the
-  // server can hold at once (with the slots left to the pool's size, as if it held 1,024), and a
-  // few wait from the start, making more in parallel.
+  // server can hold at once (--max-waiting plus --max-sequences, counted as 1,024 when 0 leaves
+  // the slots to the pool's size), and a few wait from the start, making more in parallel.
   const int64_t calls_at_once =
       absl::GetFlag(FLAGS_max_waiting) +
       (absl::GetFlag(FLAGS_max_sequences) > 0 ? absl::GetFlag(FLAGS_max_sequences)
