@@ -57,8 +57,9 @@ server_cpu_after=$(server_cpu); times > "$work/times.after"
 snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
 echo "served: $served"
+wall=$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')  # Seconds.
 awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/times.before") $(children_cpu "$work/times.after")" \
-  -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" \
+  -v wall="$wall" \
   -v server_cores="${SERVER_CPUS:-all}" -v loadgen_cores="${LOADGEN_CPUS:-all}" 'BEGIN {
     split(s, a); split(l, b)
     printf "cores used: the server %.2f (on cores %s), ttt-loadgen %.2f (on cores %s)\n",
@@ -67,7 +68,7 @@ awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/time
 # the scheduler thread's time by part of its loop (ttt_scheduler_seconds_total), as differences
 # over the run.
 awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
-  -v wall="$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')" '
+  -v wall="$wall" '
   /^ttt_step_(duration|device)_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
     v[$1] += (FILENAME == ARGV[1] ? -$2 : $2) }
   END {
