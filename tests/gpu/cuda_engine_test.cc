@@ -249,14 +249,21 @@ void ExpectWithinBf16Bounds(const Bf16Agreement& agreement, const char* label) {
 
 // bf16 weights at batches of 256 and 64 (the golden models' test decodes a sequence at a time,
 // its products on SkinnyGemm; here they run on cuBLAS, and on Hopper on our tensor-core kernels,
-// whose tiles differ at the two batches), against the CPU engine in float32: a random model,
-// sequences at mixed offsets decoding 20 steps, held to the golden models' bounds.
-class CudaBFloat16BatchTest : public ::testing::TestWithParam<int> {};
+// whose tiles differ at the two batches), and at every head size the batched decode kernel has
+// (W1 in halves: its shared copy's rows are f floats), against the CPU engine in float32: a random
+// model, sequences at mixed offsets decoding 20 steps, held to the golden models' bounds.
+struct Bf16Batch {
+  int sequences;
+  int head_dim;
+};
+
+class CudaBFloat16BatchTest : public ::testing::TestWithParam<Bf16Batch> {};
 
 TEST_P(CudaBFloat16BatchTest, CloseToTheCpuEngine) {
   SKIP_WITHOUT_GPU();
-  const int sequences = GetParam();
-  const ModelConfig c = Bf16TestConfig();
+  const auto [sequences, head_dim] = GetParam();
+  ModelConfig c = Bf16TestConfig();
+  c.num_attention_heads = c.hidden_size / head_dim;
   auto model = testing::RandomModel(c, 11);
   CpuEngine cpu(model);
   auto gpu = MakeCudaEngine(model, WeightPrecision::kBFloat16, sequences);
@@ -267,12 +274,16 @@ TEST_P(CudaBFloat16BatchTest, CloseToTheCpuEngine) {
   ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, *gpu, c.vocab_size, prompt_lengths, /*steps=*/20,
                                         LogitsFor::kNone, /*seed=*/5,
                                         AddRows(c.vocab_size, &agreement)));
-  ExpectWithinBf16Bounds(agreement, ("batch " + std::to_string(sequences)).c_str());
+  ExpectWithinBf16Bounds(agreement,
+                         absl::StrCat("batch ", sequences, ", head size ", head_dim).c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Batches, CudaBFloat16BatchTest, ::testing::Values(256, 64),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "Of" + std::to_string(info.param);
+INSTANTIATE_TEST_SUITE_P(BatchesAndHeadSizes, CudaBFloat16BatchTest,
+                         ::testing::Values(Bf16Batch{256, 64}, Bf16Batch{64, 64}, Bf16Batch{64, 32},
+                                           Bf16Batch{64, 16}),
+                         [](const ::testing::TestParamInfo<Bf16Batch>& info) {
+                           return absl::StrCat("Of", info.param.sequences, "HeadSize",
+                                               info.param.head_dim);
                          });
 
 // A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes our tensor-core
