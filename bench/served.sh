@@ -3,7 +3,8 @@
 # with N concurrent streams of T generated tokens over loopback, then ttt-bench's decode at batch
 # N on the same model, greedy and sampling at temperature 1 as the load generator's requests do.
 # Prints the JSON summaries, and where the served time went: the server's engine steps (from its
-# /metrics) and how busy the machine's cores were during the run.
+# /metrics), how busy the machine's cores were during the run, and how the kernel scheduled the
+# server's scheduler thread.
 #   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
 # REQUESTS defaults to 8 × STREAMS: with every request as long as the others, they come in waves,
 # and two waves' figure moved ±6% between runs of one engine where eight came within 3%
@@ -46,13 +47,27 @@ cpu() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7
 # (bash's `times`: this shell's finished children, second line; run here, not in a subshell).
 server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$server/stat"; }
 children_cpu() { awk 'NR == 2 { for (i = 1; i <= 2; ++i) { split($i, t, /[ms]/); s += 60 * t[1] + t[2] } print s }' "$1"; }
+# The scheduler thread as the kernel saw it: nanoseconds on a core and runnable but waiting for
+# one (schedstat), and its context switches, voluntary (it blocked) and not (it was preempted).
+scheduler_task=""
+for task in /proc/$server/task/*; do
+  [ "$(cat "$task/comm")" = ttt-scheduler ] && scheduler_task=$task
+done
+scheduler_counts() {
+  [ -r "$scheduler_task/schedstat" ] || { echo 0 0 0 0; return; }
+  read -r on_core runnable _ < "$scheduler_task/schedstat"
+  awk -v c="$on_core" -v r="$runnable" '/^voluntary_ctxt_switches/ { v = $2 }
+    /^nonvoluntary_ctxt_switches/ { n = $2 } END { print c, r, v, n }' "$scheduler_task/status"
+}
 snapshot "$work/before.prom"
+scheduler_before=$(scheduler_counts)
 read -r busy_before total_before < <(cpu)
 server_cpu_before=$(server_cpu); times > "$work/times.before"
 "${loadgen_cpus[@]}" "$build/client/ttt-loadgen" --server "127.0.0.1:$port" \
   --concurrency "$streams" --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
 read -r busy_after total_after < <(cpu)
+scheduler_after=$(scheduler_counts)
 server_cpu_after=$(server_cpu); times > "$work/times.after"
 snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
@@ -68,7 +83,7 @@ awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/time
 # the scheduler thread's time by part of its loop (ttt_scheduler_seconds_total), as differences
 # over the run.
 awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
-  -v wall="$wall" '
+  -v wall="$wall" -v sched="$scheduler_before $scheduler_after" '
   /^ttt_step_(duration|device)_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
     v[$1] += (FILENAME == ARGV[1] ? -$2 : $2) }
   END {
@@ -83,7 +98,11 @@ awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
     printf "scheduler thread, ms per step:"
     for (k in v) if (k ~ /^ttt_scheduler_seconds_total/) {
       split(k, q, "\""); printf " %s %.3f", q[2], 1e3 * v[k] / (d + p) }
-    printf "\n" }' "$work/before.prom" "$work/after.prom"
+    printf "\n"
+    split(sched, c)
+    printf "scheduler thread, per step: %.3f ms on a core, %.3f ms runnable waiting for one, %.2f voluntary and %.2f involuntary context switches\n",
+      1e-6 * (c[5] - c[1]) / (d + p), 1e-6 * (c[6] - c[2]) / (d + p), (c[7] - c[3]) / (d + p),
+      (c[8] - c[4]) / (d + p) }' "$work/before.prom" "$work/after.prom"
 kill -TERM $server; wait $server || true
 # The engine alone at the same batch. Its tokens/s comes from the median step; every 16th step
 # commits every sequence's window and takes about twice as long, so the sustained rate is the
