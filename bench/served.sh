@@ -107,15 +107,23 @@ kill -TERM $server; wait $server || true
 # The engine alone at the same batch. Its tokens/s comes from the median step; every 16th step
 # commits every sequence's window and takes about twice as long, so the sustained rate is the
 # mean's (ttt-bench's 128 steps are whole windows). The served run commits a few windows in every
-# step: both ratios are printed.
+# step, as the engine's staggered offsets do (sequence b at 16 + b % 16): the ratios to the
+# aligned median and mean are printed, and to the staggered median, the steps the server runs.
+ratio() {  # LABEL ENGINE_JSON
+  /usr/bin/python3 -c 'import json, sys
+served, engine = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+rate = served["generated_tokens_per_s"]
+print("served / %s: %.1f%% of its median step, %.1f%% of its mean" % (sys.argv[3],
+      100 * rate / engine["tokens_per_s"], 100 * rate / engine["tokens_per_s_mean"]))' \
+    "$served" "$2" "$1"
+}
 for temperature in 0 1; do
   engine=$("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
     --offset 16 --steps 128 --temperature $temperature)
   echo "engine (temperature $temperature): $engine"
-  /usr/bin/python3 -c 'import json, sys
-served, engine = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-rate = served["generated_tokens_per_s"]
-print("served / engine: %.1f%% of its median step, %.1f%% of its mean" %
-      (100 * rate / engine["tokens_per_s"], 100 * rate / engine["tokens_per_s_mean"]))' \
-    "$served" "$engine"
+  ratio "engine" "$engine"
 done
+engine=$("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
+  --offset 16 --steps 128 --temperature 0 --staggered)
+echo "engine (temperature 0, staggered): $engine"
+ratio "staggered engine" "$engine"
