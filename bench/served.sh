@@ -49,6 +49,7 @@ server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/pro
 children_cpu() { awk 'NR == 2 { for (i = 1; i <= 2; ++i) { split($i, t, /[ms]/); s += 60 * t[1] + t[2] } print s }' "$1"; }
 # The scheduler thread as the kernel saw it: nanoseconds on a core and runnable but waiting for
 # one (schedstat), and its context switches, voluntary (it blocked) and not (it was preempted).
+# Like the /metrics snapshots, these span the load generator's start and end as well as its run.
 scheduler_task=""
 for task in /proc/$server/task/*; do
   [ "$(cat "$task/comm")" = ttt-scheduler ] && scheduler_task=$task
