@@ -187,8 +187,11 @@ __device__ __forceinline__ float4 LaneBias(const DecodeWindow& window) {
 // b1 −= Σ_j τ·lr_j·g_j, from the copy of W1 in shared memory (its halves joined, where W1 is
 // split) and `bias`, the lane's channels of b1 (LaneBias). Its rows may be
 // shared by `warps` warps (this one `warp` of them, each lane taking every warps-th of its rows;
-// warp 0 b1), which must see the window's last row of keys and gradients. Each lane reloads the
-// window's gradients and step sizes (L1 hits, once per window).
+// warp 0 b1), which must see the window's last row of keys and gradients. Each lane loads, half
+// the window's rows at a time and all of those at once, the gradients and step sizes of its
+// columns and one column of the keys (lane l: l, l + 32, ...); a row's keys then come by
+// shuffles. Loaded where they were used, the keys made the commit a chain of round trips to L2
+// (bench/README.md v36).
 template <int kF, bool kSplit>
 __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const DecodeWindow& window,
                                              float4* w1, float4 bias, int warp, int warps) {
@@ -199,34 +202,58 @@ __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const Decod
   const float* plr = window.lr;
   const float* key_rows = reinterpret_cast<const float*>(window.k);
   const float tau_last = p.tau[K - 1];
-  float4 scaled[kDecodeMaxWindow];
+  // The window's rows in two parts, to hold half of them in registers at once: each part
+  // subtracts its rows from W1 in the shared copy, in the order one pass would.
+  constexpr int kPart = kDecodeMaxWindow / 2;
+  constexpr int kKeySlots = (kF + kWarp - 1) / kWarp;
   float4 bias_update = Broadcast4(0.0f);
+#pragma unroll 1
+  for (int part = 0; part < 2; ++part) {
+    const int first = part * kPart;
+    float keys[kPart][kKeySlots];
+    float4 scaled[kPart];
 #pragma unroll
-  for (int j = 0; j < kDecodeMaxWindow; ++j) {
-    scaled[j] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
-    bias_update = bias_update + scaled[j];
-  }
+    for (int i = 0; i < kPart; ++i) {
+      const int j = first + i;
+#pragma unroll
+      for (int slot = 0; slot < kKeySlots; ++slot) {
+        const int c = lane + kWarp * slot;
+        keys[i][slot] = j < K && c < kF ? key_rows[j * kF + c] : 0.0f;
+      }
+      scaled[i] = j < K ? (tau_last * plr[j]) * pg[j * L + cg] : Broadcast4(0.0f);
+      bias_update = bias_update + scaled[i];
+    }
 #pragma unroll 4
-  for (int m = warp; m < Tile::kRowsPerLane; m += warps) {
-    const int d = ro + R * m, at = d * L + cg;
-    float4 w;
-    if constexpr (kSplit) {
-      const uint2* halves = reinterpret_cast<const uint2*>(w1);
-      w = JoinHalves(halves[at], halves[kF * L + at]);
-    } else {
-      w = w1[at];
-    }
+    for (int m = warp; m < Tile::kRowsPerLane; m += warps) {
+      const int d = ro + R * m, at = d * L + cg;
+      // Row d's key is column d of a key row: lane d % 32 holds it, in the slot that every lane
+      // of the warp reads alike (R rows at once never straddle 32 columns).
+      const int slot = R * m / kWarp;
+      float4 w;
+      if constexpr (kSplit) {
+        const uint2* halves = reinterpret_cast<const uint2*>(w1);
+        w = JoinHalves(halves[at], halves[kF * L + at]);
+      } else {
+        w = w1[at];
+      }
 #pragma unroll
-    for (int j = 0; j < kDecodeMaxWindow; ++j) {
-      if (j < K) w = w - key_rows[j * kF + d] * scaled[j];
-    }
-    if constexpr (kSplit) {
-      // Back into the shared copy: stored to the state after the loop, in 16-byte pieces (two
-      // 8-byte stores a row here made the commit the kernel's tail, bench/README.md v31).
-      uint2* halves = reinterpret_cast<uint2*>(w1);
-      SplitHalves(w, &halves[at], &halves[kF * L + at]);
-    } else {
-      window.W1[at] = w;
+      for (int i = 0; i < kPart; ++i) {
+        float key = keys[i][0];
+#pragma unroll
+        for (int other = 1; other < kKeySlots; ++other) key = slot == other ? keys[i][other] : key;
+        key = __shfl_sync(0xffffffffu, key, d % kWarp);
+        if (first + i < K) w = w - key * scaled[i];
+      }
+      if constexpr (kSplit) {
+        // Back into the shared copy: stored to the state after the loop, in 16-byte pieces (two
+        // 8-byte stores a row here made the commit the kernel's tail, bench/README.md v31).
+        uint2* halves = reinterpret_cast<uint2*>(w1);
+        SplitHalves(w, &halves[at], &halves[kF * L + at]);
+      } else if (part == 0) {
+        w1[at] = w;
+      } else {
+        window.W1[at] = w;
+      }
     }
   }
   if constexpr (kSplit) {
