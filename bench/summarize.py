@@ -6,7 +6,8 @@
 A line per (configuration, variant): the medians over the rounds of step p50 and p99 (ms) and of
 tokens/s (the median step's and the mean step's), and step p50's change against the first
 variant, the tree the others were applied to. Medians, because a round now and then lands on a
-slower moment of the machine.
+slower moment of the machine. Where ttt-bench reported the digest of the chosen tokens, the line
+also says whether the variant chose the tree's tokens: a change meant to be exact should.
 """
 import argparse
 import json
@@ -41,7 +42,7 @@ def main():
     print(record.get("command", ""))
     for (model, batch, offset), by_variant in configurations.items():
         print(f"{model} batch {batch} offset {offset}:")
-        base = None
+        base = base_digests = None
         for variant in variants:
             results = by_variant.get(variant)
             if not results:
@@ -49,11 +50,18 @@ def main():
             p50 = median(results, "step_ms_p50")
             change = "" if base is None else f" ({(p50 / base - 1) * 100:+.1f}%)"
             base = p50 if base is None else base
+            digests = {r["tokens_digest"] for r in results if "tokens_digest" in r}
+            tokens = ""
+            if len(digests) > 1:
+                tokens = ", tokens differ between rounds"
+            elif digests and base_digests is not None:
+                tokens = ", the tree's tokens" if digests == base_digests else ", other tokens"
+            base_digests = digests if base_digests is None else base_digests
             print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}, "
                   f"p99 {median(results, 'step_ms_p99'):.4f}, "
                   f"{rate(median(results, 'tokens_per_s'))} tokens/s "
                   f"(sustained {rate(median(results, 'tokens_per_s_mean'))}), "
-                  f"{len(results)} round{'s' if len(results) != 1 else ''}")
+                  f"{len(results)} round{'s' if len(results) != 1 else ''}{tokens}")
 
 
 if __name__ == "__main__":

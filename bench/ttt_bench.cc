@@ -15,6 +15,10 @@
 // each step also takes N new sequences' prompts in place of N finished ones, as a server's steps
 // do while requests arrive. With --steps_in_flight 2, steps are queued as the server queues them:
 // the next before the last is collected, so the host's part of a step hides behind the device's.
+// Every configuration also reports tokens_digest, a hash of every id the decode steps chose (in
+// step order, then sequence order; warmup included): runs that should choose the same tokens —
+// steps queued one or two at a time, a change meant to be exact — can be told apart from runs
+// that do not.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +35,7 @@
 #include "server/engine/engine_factory.h"
 #include "server/model/model.h"
 #include "server/model/presets.h"
+#include "server/model/weights.h"
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
 #if TTT_WITH_CUDA
@@ -250,8 +255,12 @@ absl::Status Run() {
     // Steps queued and not yet collected. Each collected step's tokens feed the next: through
     // the host once none is in flight, else on the device (the chunks take the tokens in flight).
     int32_t in_flight = 0;
+    uint64_t tokens_digest = Fnv1a64({});  // Of no ids yet.
     auto collect_step = [&]() -> absl::Status {
       TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
+      for (const SampledToken& token : sampled) {
+        tokens_digest = Fnv1a64(std::as_bytes(std::span(&token.id, 1)), tokens_digest);
+      }
       if (--in_flight > 0) return absl::OkStatus();
       for (int32_t b = 0; b < batch; ++b) {
         tokens[b].assign(1, sampled[b].id);
@@ -315,6 +324,7 @@ absl::Status Run() {
         {"launch_ms_p50", 1e3 * Percentile(launch_seconds, 0.5)},
         {"state_bytes_per_sequence", engine.state_bytes()},
         {"weight_bytes", engine.weight_bytes()},
+        {"tokens_digest", absl::StrCat(absl::Hex(tokens_digest, absl::kZeroPad16))},
     };
     if (prompt_tokens > 0) result["prefill_tokens_per_s"] = prompt_tokens / prefill_seconds;
     if (batch == 1 && !engine.single_sequence_decode().empty()) {

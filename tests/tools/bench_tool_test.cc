@@ -1,6 +1,6 @@
 // ttt-bench on the CPU engine, run as bench/served.sh, bench/compare.sh and bench/record.sh run
 // it: one JSON object a configuration, with the fields they read, for every way of queueing the
-// steps; and its errors, naming the flag.
+// steps, which all choose the same tokens; and its errors, naming the flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +15,7 @@ namespace ttt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 
 // The model of the CPU engine's recorded benchmark (bench/README.md).
 std::string ModelArg() {
@@ -48,6 +49,7 @@ void ExpectTimings(const nlohmann::json& result) {
   // tokens_per_s is the batch over the median step.
   EXPECT_NEAR(result.at("tokens_per_s").get<double>() * result.at("step_ms_p50").get<double>(),
               1e3 * result.at("batch").get<int>(), 1e-6 * result.at("batch").get<int>() * 1e3);
+  EXPECT_THAT(result.at("tokens_digest").get<std::string>(), MatchesRegex("[0-9a-f]{16}"));
 }
 
 TEST(BenchToolTest, OneResultForEachBatch) {
@@ -69,23 +71,34 @@ TEST(BenchToolTest, OneResultForEachBatch) {
 
 // Steps queued one at a time and two at a time (the next before the last is collected, its rows
 // taking that step's tokens on the engine), with sequences at spread offsets and new ones joining
-// every step, as a server's steps are.
+// every step, as a server's steps are: the same tokens either way, and other tokens (greedy ones)
+// tell in the digest.
 TEST(BenchToolTest, StepsQueuedAsTheServerQueuesThem) {
-  for (int in_flight : {1, 2}) {
-    SCOPED_TRACE(absl::StrCat("--steps_in_flight ", in_flight));
-    const testing::CommandResult run =
-        RunBench(absl::StrCat("--batch 4 --steps 6 --warmup 2 --offset 5 --staggered --joining 1",
-                              " --joining_prompt 3 --temperature 1 --steps_in_flight ", in_flight));
+  struct Queueing {
+    int steps_in_flight;
+    double temperature;
+  };
+  std::vector<std::string> digests;
+  for (const Queueing& q : std::vector<Queueing>{{1, 1.0}, {2, 1.0}, {2, 0.0}}) {
+    SCOPED_TRACE(
+        absl::StrCat("--steps_in_flight ", q.steps_in_flight, " --temperature ", q.temperature));
+    const testing::CommandResult run = RunBench(absl::StrCat(
+        "--batch 4 --steps 6 --warmup 2 --offset 5 --staggered --joining 1 --joining_prompt 3",
+        " --steps_in_flight ", q.steps_in_flight, " --temperature ", q.temperature));
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const std::vector<nlohmann::json> results = Results(run.output);
     ASSERT_EQ(results.size(), 1u) << run.output;
-    EXPECT_EQ(results[0].at("steps_in_flight"), in_flight);
+    EXPECT_EQ(results[0].at("steps_in_flight"), q.steps_in_flight);
     EXPECT_EQ(results[0].at("staggered"), true);
     EXPECT_EQ(results[0].at("joining"), 1);
     EXPECT_EQ(results[0].at("joining_prompt"), 3);
-    EXPECT_EQ(results[0].at("temperature"), 1.0);
+    EXPECT_EQ(results[0].at("temperature"), q.temperature);
     ExpectTimings(results[0]);
+    digests.push_back(results[0].at("tokens_digest"));
   }
+  ASSERT_EQ(digests.size(), 3u);
+  EXPECT_EQ(digests[0], digests[1]) << "steps queued two at a time chose other tokens";
+  EXPECT_NE(digests[1], digests[2]) << "greedy and sampled tokens gave one digest";
 }
 
 TEST(BenchToolTest, BadFlagsAreClearErrors) {
