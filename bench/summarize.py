@@ -54,7 +54,7 @@ def main():
             tokens = ""
             if len(digests) > 1:
                 tokens = ", tokens differ between rounds"
-            elif digests and base_digests is not None:
+            elif digests and base_digests:
                 tokens = ", the tree's tokens" if digests == base_digests else ", other tokens"
             base_digests = digests if base_digests is None else base_digests
             print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}, "
