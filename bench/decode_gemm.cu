@@ -637,7 +637,8 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(&act, sizeof(bf16) * p.rows * channels));
       auto run_lt_swiglu = [&] {
         run_lt();
-        CHECK_CUDA(ttt::kernels::cuda::SwiGlu(y_lt, p.rows, channels, act,
+        CHECK_CUDA(ttt::kernels::cuda::SwiGlu(y_lt, ttt::kernels::cuda::ElementType::kFloat32,
+                                              p.rows, channels, act,
                                               ttt::kernels::cuda::ElementType::kBFloat16, nullptr));
       };
       Report(p, "cublaslt_then_swiglu", MedianMs(flush, run_lt_swiglu), -1, 0);

@@ -157,10 +157,10 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
                          float eps, const float* gate, int64_t gate_ld, void* y,
                          ElementType out_type, cudaStream_t stream);
 
-// out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I], whose columns
-// interleave gate and up: (g0, u0, g1, u1, …).
-cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
-                   cudaStream_t stream);
+// out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I] (`in_type`),
+// whose columns interleave gate and up: (g0, u0, g1, u1, …).
+cudaError_t SwiGlu(const void* gate_up, ElementType in_type, int rows, int I, void* out,
+                   ElementType out_type, cudaStream_t stream);
 
 // out[i, :] = x[rows[i], :].
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,

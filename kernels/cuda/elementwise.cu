@@ -42,23 +42,36 @@ __global__ void EmbeddingGatherKernel(const int32_t* tokens, const int32_t* chos
 
 // Output i is silu(gate_up[2i]) · gate_up[2i + 1]: rows of I outputs and 2I interleaved inputs
 // line up, so the index runs over all rows at once.
-__global__ void SwiGluKernel(const float2* gate_up, int64_t n, void* out, ElementType out_type) {
+__global__ void SwiGluKernel(const void* gate_up, ElementType in_type, int64_t n, void* out,
+                             ElementType out_type) {
   WaitForPreviousKernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float2 pair = gate_up[i];
-  Store(out, i, Swish(pair.x, pair.y), out_type);
+  Store(out, i, Swish(Load(gate_up, 2 * i, in_type), Load(gate_up, 2 * i + 1, in_type)), out_type);
 }
 
-// Four outputs a thread, from two 16-byte loads, when n % 4 == 0 (every known model): a quarter
-// of the threads and instructions for the same bytes.
-__global__ void SwiGluBy4Kernel(const float4* gate_up, int64_t n4, void* out,
-                                ElementType out_type) {
+// The (gate, up) pairs of outputs 4i .. 4i + 3: two 16-byte loads of float32, one of bf16.
+__device__ __forceinline__ void LoadFourPairs(const float* gate_up, int64_t i, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(gate_up)[2 * i];
+  const float4 b = reinterpret_cast<const float4*>(gate_up)[2 * i + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void LoadFourPairs(const __nv_bfloat16* gate_up, int64_t i,
+                                              float (&v)[8]) {
+  Unpack(reinterpret_cast<const uint4*>(gate_up)[i], v, gate_up);
+}
+
+// Four outputs a thread when n % 4 == 0 (every known model): a quarter of the threads and
+// instructions for the same bytes.
+template <typename In>
+__global__ void SwiGluBy4Kernel(const In* gate_up, int64_t n4, void* out, ElementType out_type) {
   WaitForPreviousKernel();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
-  const float4 a = gate_up[2 * i], b = gate_up[2 * i + 1];
-  const float4 y = make_float4(Swish(a.x, a.y), Swish(a.z, a.w), Swish(b.x, b.y), Swish(b.z, b.w));
+  float v[8];
+  LoadFourPairs(gate_up, i, v);
+  const float4 y = make_float4(Swish(v[0], v[1]), Swish(v[2], v[3]), Swish(v[4], v[5]),
+                               Swish(v[6], v[7]));
   if (out_type == ElementType::kBFloat16) {
     __nv_bfloat162* pairs = static_cast<__nv_bfloat162*>(out) + 2 * i;
     pairs[0] = __floats2bfloat162_rn(y.x, y.y);
@@ -90,16 +103,20 @@ cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chos
                 h);
 }
 
-cudaError_t SwiGlu(const float* gate_up, int rows, int I, void* out, ElementType out_type,
-                   cudaStream_t stream) {
+cudaError_t SwiGlu(const void* gate_up, ElementType in_type, int rows, int I, void* out,
+                   ElementType out_type, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(rows) * I;
   if (n == 0) return cudaSuccess;
-  if (n % 4 == 0) {
-    return Launch(SwiGluBy4Kernel, Blocks(n / 4), kThreads, 0, stream,
-                  reinterpret_cast<const float4*>(gate_up), n / 4, out, out_type);
+  if (n % 4 != 0) {
+    return Launch(SwiGluKernel, Blocks(n), kThreads, 0, stream, gate_up, in_type, n, out,
+                  out_type);
   }
-  return Launch(SwiGluKernel, Blocks(n), kThreads, 0, stream,
-                reinterpret_cast<const float2*>(gate_up), n, out, out_type);
+  if (in_type == ElementType::kBFloat16) {
+    return Launch(SwiGluBy4Kernel<__nv_bfloat16>, Blocks(n / 4), kThreads, 0, stream,
+                  static_cast<const __nv_bfloat16*>(gate_up), n / 4, out, out_type);
+  }
+  return Launch(SwiGluBy4Kernel<float>, Blocks(n / 4), kThreads, 0, stream,
+                static_cast<const float*>(gate_up), n / 4, out, out_type);
 }
 
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<CudaGemm::Plan>> CudaGemm::MakePlan(const GemmSha
   const cudaDataType_t input = bfloat16_ ? CUDA_R_16BF : CUDA_R_32F;
   TTT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->w, input, shape.in, shape.out, shape.in));
   TTT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->x, input, shape.in, shape.rows, shape.in));
-  TTT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->y, CUDA_R_32F, shape.out, shape.rows, shape.out));
+  TTT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->y, shape.bfloat16_y ? CUDA_R_16BF : CUDA_R_32F,
+                                        shape.out, shape.rows, shape.out));
 
   cublasLtMatmulPreference_t preference = nullptr;
   TTT_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
@@ -71,18 +72,21 @@ absl::StatusOr<std::unique_ptr<CudaGemm::Plan>> CudaGemm::MakePlan(const GemmSha
   return plan;
 }
 
-absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w, float* y) {
+absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w, void* y) {
   if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
     return absl::InternalError("GEMM operands must be 256-byte aligned");
+  }
+  if (shape.bfloat16_y && (shape.accumulate || !bfloat16_)) {
+    return absl::InternalError("a bf16 GEMM output is for bf16 inputs and a plain store");
   }
   const auto type = bfloat16_ ? kernels::cuda::ElementType::kBFloat16
                               : kernels::cuda::ElementType::kFloat32;
   const kernels::cuda::ProductInput given{.rows = x};
-  if (kernels::cuda::SkinnyGemmFits(shape.rows, given, shape.in, type, w)) {
+  if (!shape.bfloat16_y && kernels::cuda::SkinnyGemmFits(shape.rows, given, shape.in, type, w)) {
     TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, given, w, shape.in, shape.out, type,
                                        shape.accumulate ? kernels::cuda::ProductOutput::kAccumulate
                                                         : kernels::cuda::ProductOutput::kStore,
-                                       y, stream_));
+                                       static_cast<float*>(y), stream_));
     return absl::OkStatus();
   }
   auto found = plans_.find(shape);

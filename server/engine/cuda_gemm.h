@@ -1,7 +1,8 @@
 // The dense layers' products: y [rows, out] (+)= x [rows, in] · wᵀ, for row-major weights
-// w [out, in] and inputs x in bf16 (or both in float32, multiplied in true float32: no TF32) and
-// float32 outputs. A few rows (decode at small batch) go to SkinnyGemm, which streams w at the
-// memory's pace where cuBLASLt's kernels reach two thirds of it; the rest to cuBLASLt.
+// w [out, in] and inputs x in bf16 (or both in float32, multiplied in true float32: no TF32),
+// summed in float32 and written as float32 (or, asked for, bf16). A few rows (decode at small
+// batch) go to SkinnyGemm, which streams w at the memory's pace where cuBLASLt's kernels reach two
+// thirds of it; the rest to cuBLASLt.
 //
 // Each cuBLASLt shape is planned once (its descriptors and the heuristic's kernel) and the plan
 // kept, so a step's host work is one cublasLtMatmul per product and a shape always computes the
@@ -25,10 +26,11 @@ namespace ttt {
 struct GemmShape {
   int64_t rows = 0, in = 0, out = 0;
   bool accumulate = false;  // y += x·wᵀ instead of y = x·wᵀ.
+  bool bfloat16_y = false;  // y in bf16 instead of float32 (cuBLASLt only; not with accumulate).
 
   friend bool operator<(const GemmShape& a, const GemmShape& b) {
-    return std::tie(a.rows, a.in, a.out, a.accumulate) <
-           std::tie(b.rows, b.in, b.out, b.accumulate);
+    return std::tie(a.rows, a.in, a.out, a.accumulate, a.bfloat16_y) <
+           std::tie(b.rows, b.in, b.out, b.accumulate, b.bfloat16_y);
   }
 };
 
@@ -42,7 +44,7 @@ class CudaGemm {
 
   // Enqueues y (+)= x·wᵀ, planning the shape on first use. Every pointer must be 256-byte
   // aligned, as cudaMalloc's are (the heuristic assumes it).
-  absl::Status Run(const GemmShape& shape, const void* x, const void* w, float* y);
+  absl::Status Run(const GemmShape& shape, const void* x, const void* w, void* y);
 
  private:
   // One shape's descriptors and kernel.
