@@ -46,15 +46,26 @@ struct RowSummary {
 
   static __device__ RowSummary Empty() { return {-FLT_MAX, INT_MAX, 0.0f}; }
 
-  __device__ void Add(float logit, int id) {
-    if (logit > top) {
-      sum = sum * expf(top - logit) + 1.0f;
-      top = logit;
-      first = id;
-    } else {
-      sum += expf(logit - top);
-      if (logit == top) first = min(first, id);
+  // Logits id .. id + 3 (−∞ for none). A quad rescales the sum at most once, and its exps are
+  // __expf's (ex2.approx: a log-prob moves by ~1e-6): with expf and a test a logit, a block took
+  // ~35 instructions a logit, and 256 rows of 32k took ~15 µs, bound by issue (bench/README.md
+  // v37).
+  __device__ void Add(float4 l, int id) {
+    const float quad_top = fmaxf(fmaxf(l.x, l.y), fmaxf(l.z, l.w));
+    if (quad_top >= top) {
+      const int quad_first = l.x == quad_top   ? id
+                             : l.y == quad_top ? id + 1
+                             : l.z == quad_top ? id + 2
+                                               : id + 3;
+      if (quad_top > top) {
+        sum *= __expf(top - quad_top);
+        top = quad_top;
+        first = quad_first;
+      } else {
+        first = min(first, quad_first);
+      }
     }
+    sum += (__expf(l.x - top) + __expf(l.y - top)) + (__expf(l.z - top) + __expf(l.w - top));
   }
   __device__ void Merge(const RowSummary& other) {
     const float merged_top = fmaxf(top, other.top);
@@ -80,15 +91,13 @@ __device__ RowSummary SummarizeRow(const float* row, int V, RowSummary* scratch)
   RowSummary mine = RowSummary::Empty();
   if (V % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
     const float4* quads = reinterpret_cast<const float4*>(row);
-    for (int q = threadIdx.x; q < V / 4; q += blockDim.x) {
-      const float4 l = quads[q];
-      mine.Add(l.x, 4 * q);
-      mine.Add(l.y, 4 * q + 1);
-      mine.Add(l.z, 4 * q + 2);
-      mine.Add(l.w, 4 * q + 3);
-    }
+    for (int q = threadIdx.x; q < V / 4; q += blockDim.x) mine.Add(quads[q], 4 * q);
   } else {
-    for (int i = threadIdx.x; i < V; i += blockDim.x) mine.Add(row[i], i);
+    auto logit = [&](int i) { return i < V ? row[i] : -INFINITY; };
+    for (int q = threadIdx.x; 4 * q < V; q += blockDim.x) {
+      mine.Add(make_float4(logit(4 * q), logit(4 * q + 1), logit(4 * q + 2), logit(4 * q + 3)),
+               4 * q);
+    }
   }
   mine = WarpMerge(mine);
   __syncthreads();
