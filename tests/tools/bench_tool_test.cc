@@ -44,6 +44,7 @@ void ExpectTimings(const nlohmann::json& result) {
   EXPECT_GT(result.at("step_ms_p50").get<double>(), 0);
   EXPECT_GE(result.at("step_ms_p99").get<double>(), result.at("step_ms_p50").get<double>());
   EXPECT_GT(result.at("prefill_tokens_per_s").get<double>(), 0);
+  EXPECT_GT(result.at("first_prefill_tokens_per_s").get<double>(), 0);
   EXPECT_GT(result.at("state_bytes_per_sequence").get<int64_t>(), 0);
   EXPECT_GT(result.at("weight_bytes").get<int64_t>(), 0);
   // tokens_per_s is the batch over the median step.
