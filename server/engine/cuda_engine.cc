@@ -208,11 +208,21 @@ class CudaEngine : public Engine {
   // float32, or bf16 where y_type says so (a store, with bf16 weights).
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, void* y,
                     bool accumulate, cu::ElementType y_type = cu::ElementType::kFloat32);
+  // The type of gate_up's sums for x [rows, in] · wᵀ: float32 where SkinnyGemm takes them (a
+  // few rows), else the weight precision: cuBLASLt rounds them as the activation is, and the
+  // SwiGLU kernel then reads half the bytes (bench/README.md v37).
+  cu::ElementType GateUpSums(int64_t rows, const void* x, int64_t in, const void* w) const {
+    const cu::ProductInput input{.rows = x};
+    return cu::SkinnyGemmFits(static_cast<int>(GemmRows(rows)), input, static_cast<int>(in),
+                              gemm_type(), w)
+               ? cu::ElementType::kFloat32
+               : gemm_type();
+  }
   // input · wᵀ for an input made by a norm, written to y as `output` says (kSwiGlu: the
   // feed-forward's activation [rows, out / 2] in the weight precision, from gate_up): one
   // SkinnyGemm, the norm made inside it, where it fits (decode at small batch); otherwise the
   // norm's kernel writes the input rows into `staging` and Gemm multiplies them (for kSwiGlu
-  // into scratch_.ffn in the weight precision, then the SwiGLU kernel).
+  // into scratch_.ffn as GateUpSums says, then the SwiGLU kernel).
   absl::Status Product(const cu::ProductInput& input, int64_t rows, int64_t in, const void* w,
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
@@ -642,7 +652,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   for (DeviceBuffer* b : {&s.x, &s.y_gemm}) TTT_RETURN_IF_ERROR(reserve(*b, R * D * g));
   TTT_RETURN_IF_ERROR(reserve(s.proj, R * columns_.ld * f4));
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * g));
+  TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
   if (tensor_core_products_) {
     TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * cu::FeedForwardEntry::SquareTiles(D) * f4));
@@ -753,11 +763,10 @@ absl::Status CudaEngine::Product(const cu::ProductInput& input, int64_t rows, in
     return Gemm(staging, rows, in, w, out, static_cast<float*>(y),
                 output == cu::ProductOutput::kAccumulate);
   }
-  // gate_up's sums rounded to bf16 with bf16 weights, as the activation is: the SwiGLU kernel
-  // then reads half the bytes that the product wrote (bench/README.md v37).
   void* gate_up = scratch_.ffn.get();
-  TTT_RETURN_IF_ERROR(Gemm(staging, rows, in, w, out, gate_up, /*accumulate=*/false, gemm_type()));
-  TTT_CUDA(cu::SwiGlu(gate_up, gemm_type(), rows, out / 2, y, gemm_type(), stream_));
+  const cu::ElementType sums = GateUpSums(rows, staging, in, w);
+  TTT_RETURN_IF_ERROR(Gemm(staging, rows, in, w, out, gate_up, /*accumulate=*/false, sums));
+  TTT_CUDA(cu::SwiGlu(gate_up, sums, rows, out / 2, y, gemm_type(), stream_));
   return absl::OkStatus();
 }
 
@@ -929,8 +938,8 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
     TTT_RETURN_IF_ERROR(
         Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, s.proj.get<float>(), false));
     TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, s.h.get<float>(), true));
-    TTT_RETURN_IF_ERROR(
-        Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get(), false, gemm_type()));
+    TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get(), false,
+                             GateUpSums(rows, s.x.get(), D, w.gate_up)));
     TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
     if (rows <= decode_rows) {
       TTT_RETURN_IF_ERROR(
