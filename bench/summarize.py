@@ -5,8 +5,8 @@
 
 A line per (configuration, variant): the medians over the rounds of step p50 and p99 (ms) and of
 tokens/s (the median step's and the mean step's), and step p50's change against the first
-variant, the tree the others were applied to. Medians, because a round now and then lands on a
-slower moment of the machine. Where ttt-bench reported the digest of the chosen tokens, the line
+variant, the tree the others were applied to; and the prefill's tokens/s where ttt-bench timed
+one. Medians, because a round now and then lands on a slower moment of the machine. Where ttt-bench reported the digest of the chosen tokens, the line
 also says whether the variant chose the tree's tokens: a change meant to be exact should.
 """
 import argparse
@@ -57,11 +57,14 @@ def main():
             elif digests and base_digests:
                 tokens = ", the tree's tokens" if digests == base_digests else ", other tokens"
             base_digests = digests if base_digests is None else base_digests
+            prefills = [r for r in results if "prefill_tokens_per_s" in r]
+            prefill = (f", prefill {rate(median(prefills, 'prefill_tokens_per_s'))} tokens/s"
+                       if prefills else "")
             print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}, "
                   f"p99 {median(results, 'step_ms_p99'):.4f}, "
                   f"{rate(median(results, 'tokens_per_s'))} tokens/s "
                   f"(sustained {rate(median(results, 'tokens_per_s_mean'))}), "
-                  f"{len(results)} round{'s' if len(results) != 1 else ''}{tokens}")
+                  f"{len(results)} round{'s' if len(results) != 1 else ''}{prefill}{tokens}")
 
 
 if __name__ == "__main__":
