@@ -6,8 +6,9 @@
 A line per (configuration, variant): the medians over the rounds of step p50 and p99 (ms) and of
 tokens/s (the median step's and the mean step's), and step p50's change against the first
 variant, the tree the others were applied to; and the prefill's tokens/s where ttt-bench timed
-one. Medians, because a round now and then lands on a slower moment of the machine. Where ttt-bench reported the digest of the chosen tokens, the line
-also says whether the variant chose the tree's tokens: a change meant to be exact should.
+one. Medians, because a round now and then lands on a slower moment of the machine. Where
+ttt-bench reported the digest of the chosen tokens, the line also says whether the variant chose
+the tree's tokens: a change meant to be exact should.
 """
 import argparse
 import json
