@@ -27,11 +27,15 @@ def main():
     # In the order they ran (older records do not list them).
     variants = record.get("variants") or list(dict.fromkeys(run["variant"] for run in runs))
 
-    # (model, batch, offset) -> variant -> that configuration's results, a round each.
+    # (model, batch, offset, repeat) -> variant -> that configuration's results, a round each. A
+    # configuration listed twice in one command (--batch 16,16) is two: repeat counts them.
     configurations = {}
     for run in runs:
+        seen = {}
         for result in run["results"]:
-            key = (result["model"], result["batch"], result["offset"])
+            shape = (result["model"], result["batch"], result["offset"])
+            seen[shape] = seen.get(shape, -1) + 1
+            key = (*shape, seen[shape])
             configurations.setdefault(key, {}).setdefault(run["variant"], []).append(result)
 
     def median(results, field):
@@ -41,8 +45,9 @@ def main():
         return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:.0f}"
 
     print(record.get("command", ""))
-    for (model, batch, offset), by_variant in configurations.items():
-        print(f"{model} batch {batch} offset {offset}:")
+    for (model, batch, offset, repeat), by_variant in configurations.items():
+        again = f" (repeat {repeat})" if repeat else ""
+        print(f"{model} batch {batch} offset {offset}{again}:")
         base = base_digests = None
         for variant in variants:
             results = by_variant.get(variant)
