@@ -48,7 +48,7 @@ struct RowSummary {
 
   // Logits id .. id + 3 (−∞ for none). A quad rescales the sum at most once, and its exps are
   // __expf's (ex2.approx: a log-prob moves by ~1e-6): with expf and a test a logit, a block
-  // issued ~35 instructions a logit (bench/README.md v37).
+  // issued ~40 instructions a logit, its merges included (bench/README.md v37).
   __device__ void Add(float4 l, int id) {
     const float quad_top = fmaxf(fmaxf(l.x, l.y), fmaxf(l.z, l.w));
     if (quad_top >= top) {
