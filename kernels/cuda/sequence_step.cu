@@ -238,18 +238,21 @@ __device__ __forceinline__ void ForEachQuad(int D, F f) {
   }
 }
 
-// The pre-conv of channels c .. c + 3 from their normed inputs: conv(history ++ normed).
-__device__ __forceinline__ float4 PreConvQuad(const float* history, int D, int c, int ck,
-                                              float4 normed, const float* w, const float* b) {
+// The pre-conv of channels c .. c + 3 from their normed inputs: conv(history ++ normed), the
+// history's ring from row `oldest` on (DecodeTaps).
+__device__ __forceinline__ float4 PreConvQuad(const float* history, int oldest, int D, int c,
+                                              int ck, float4 normed, const float* w,
+                                              const float* b) {
   float out[4];
   if (ck == kFourTaps) {
     Taps<4> taps[4];
-    FourChannelDecodeTaps(history, D, c, normed, taps);
+    FourChannelDecodeTaps(history, oldest, D, c, normed, taps);
     FourChannelConv(taps, c, w, b, out);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const Taps<kMaxTaps> taps = DecodeTaps<kMaxTaps>(history, D, c + i, ck, Channel(normed, i));
+      const Taps<kMaxTaps> taps =
+          DecodeTaps<kMaxTaps>(history, oldest, D, c + i, ck, Channel(normed, i));
       out[i] = ConvOf(taps, c + i, w, b, ck);
     }
   }
@@ -388,11 +391,12 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       const float inv_rms = rsqrtf(ConsumersSum(squares, scratch) / D + a.rms_eps);
       const float* history = base + a.conv_history_offset;
       const int ck = layer.ttt_inputs.conv.ck;
+      const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
       squares = 0;
       ForEachQuad(D, [&](int m, int c) {
         const float4 n = (inv_rms * v[m]) * Load4(layer.conv_norm + c);
         *reinterpret_cast<float4*>(normed + c) = n;
-        v[m] = v[m] + PreConvQuad(history, D, c, ck, n, layer.conv_w, layer.conv_b);
+        v[m] = v[m] + PreConvQuad(history, oldest, D, c, ck, n, layer.conv_w, layer.conv_b);
         squares += Dot4(v[m], v[m]);
       });
     }
@@ -410,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     if (blockIdx.x < nh) {
       ConsumersGridWait(&a.counters[kTttInputsPublished], inputs_expected);
       // The TTT step, a head a block (nh < gridDim.x). Meanwhile the other warps ask L2 for the
-      // next layer's parameters and state, and block 0's shift the pre-conv's history (every
-      // block has read it, having published its TTT inputs).
+      // next layer's parameters and state, and block 0's write the token's row of the pre-conv's
+      // history (every block has read the row it replaces, having published its TTT inputs).
       if (warp == 0) {
         TttProjectionInputs inputs = layer.ttt_inputs;
         inputs.proj = a.proj;
@@ -420,11 +424,10 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
             /*commit=*/[](const DecodeWindow&, float4) {},
             /*release=*/[] {});
       } else if (pre_conv && blockIdx.x == 0) {
-        float* history = base + a.conv_history_offset;
         const int ck = layer.ttt_inputs.conv.ck;
-        for (int c = t - kWarp; c < D; c += kConsumerThreads - kWarp) {
-          for (int r = 0; r + 2 < ck; ++r) history[r * D + c] = history[(r + 1) * D + c];
-          if (ck > 1) history[(ck - 2) * D + c] = normed[c];
+        if (ck > 1) {
+          float* row = base + a.conv_history_offset + HistoryRow(seg.start, ck - 1) * D;
+          for (int c = t - kWarp; c < D; c += kConsumerThreads - kWarp) row[c] = normed[c];
         }
       }
     } else {

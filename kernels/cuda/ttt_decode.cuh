@@ -315,10 +315,14 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   float q[4], k[4], v[4];
   Taps<kTaps> taps[4];
   float* history = base + in.conv.history_offset;
+  // The history's row of the token's oldest input, which its own input replaces.
+  const int history_rows = kTaps == kFourTaps ? kFourTaps - 1 : in.conv.ck - 1;
+  const int oldest = in.share_qk && history_rows > 0 ? HistoryRow(seg.start, history_rows) : 0;
   if constexpr (kTaps == kFourTaps) {
     const float4 projected_v = Load4(projected + in.columns.v + channel);
     if (in.share_qk) {
-      FourChannelDecodeTaps(history, D, channel, Load4(projected + in.columns.q + channel), taps);
+      FourChannelDecodeTaps(history, oldest, D, channel, Load4(projected + in.columns.q + channel),
+                            taps);
       FourChannelConv(taps, channel, in.conv.q_weight, in.conv.q_bias, q);
       FourChannelConv(taps, channel, in.conv.k_weight, in.conv.k_bias, k);
     } else {
@@ -336,7 +340,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (in.share_qk) {
-        taps[i] = DecodeTaps<kTaps>(history, D, channel + i, in.conv.ck,
+        taps[i] = DecodeTaps<kTaps>(history, oldest, D, channel + i, in.conv.ck,
                                     projected[in.columns.q + channel + i]);
         q[i] = ConvOf(taps[i], channel + i, in.conv.q_weight, in.conv.q_bias, in.conv.ck);
         k[i] = ConvOf(taps[i], channel + i, in.conv.k_weight, in.conv.k_bias, in.conv.ck);
@@ -359,13 +363,15 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
   const float lr_t =
       InnerStepSize(projected[in.columns.lr + head], in.lr_bias[head], in.base_lr, kF);
-  __syncwarp();  // Every lane has read the history before row group 0 shifts it.
+  __syncwarp();  // Every lane has read the oldest row before row group 0 writes over it.
   if (in.share_qk && ro == 0) {
     if constexpr (kTaps == kFourTaps) {
-      FourChannelShiftHistory(history, D, channel, taps);
+      FourChannelAppendToHistory(history, oldest, D, channel, taps);
     } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ShiftHistory(history, D, in.conv.ck, channel + i, taps[i]);
+      for (int i = 0; i < 4; ++i) {
+        AppendToHistory(history, oldest, D, in.conv.ck, channel + i, taps[i]);
+      }
     }
   }
   if (ro == 0) {

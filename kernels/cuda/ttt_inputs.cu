@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(1024)
   const int row = blockIdx.x;
   const Segment seg = segments[row_segment[row]];
   const float* history = SequenceState(state, seg.slot) + history_offset;
+  const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
   const int64_t base = static_cast<int64_t>(row) * D;
   float v[kRowSlice], sum = 0;
 #pragma unroll
@@ -29,7 +30,7 @@ __global__ void __launch_bounds__(1024)
     v[m] = 0.0f;
     if (c < D) {
       const Taps<kMaxTaps> taps =
-          LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, D, ck);
+          LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, oldest, D, ck);
       v[m] = h[base + c] + ConvOf(taps, c, w, b, ck);
       h[base + c] = v[m];
     }
@@ -43,7 +44,8 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// One block per segment: history ← the last ck−1 rows of (history ++ segment rows).
+// One block per segment: its last ck−1 rows (all of them, if fewer) take their rows of the
+// history's ring; the inputs before the segment keep theirs.
 __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
                                      const Segment* segments, StateAddress state,
                                      size_t history_offset) {
@@ -52,13 +54,10 @@ __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
   if (seg.count == 0) return;
   float* history = SequenceState(state, seg.slot) + history_offset;
   const int h = ck - 1;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float kept[kMaxHistory];
-    for (int r = 0; r < h; ++r) {
-      const int s = seg.count - h + r;  // Source: segment row s, or history row h + s.
-      kept[r] = s >= 0 ? x[static_cast<int64_t>(seg.row + s) * ld + c] : history[(h + s) * D + c];
-    }
-    for (int r = 0; r < h; ++r) history[r * D + c] = kept[r];
+  for (int s = max(0, seg.count - h); s < seg.count; ++s) {
+    float* to = history + HistoryRow(seg.start + s, h) * D;
+    const float* from = x + static_cast<int64_t>(seg.row + s) * ld;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) to[c] = from[c];
   }
 }
 
@@ -75,6 +74,7 @@ __global__ void __launch_bounds__(1024)
   const bool live = seg.count > 0;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
+  const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
   // What the conv and the next norm read after the first reduction is on its way while the
   // previous kernel ends (at batch 1 these are DRAM reads: the step's weights have streamed
   // through L2 since). The history is written by this kernel alone.
@@ -105,10 +105,11 @@ __global__ void __launch_bounds__(1024)
   for (int m = 0; m < kRowSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
     if (c < D) {
-      const Taps<kTaps> taps = DecodeTaps<kTaps>(history, D, c, ck, v[m] * inv_rms * norm_w[c]);
+      const Taps<kTaps> taps =
+          DecodeTaps<kTaps>(history, oldest, D, c, ck, v[m] * inv_rms * norm_w[c]);
       v[m] += ConvOf(taps, c, w, b, ck);
       h[base + c] = v[m];
-      if (live) ShiftHistory(history, D, ck, c, taps);
+      if (live) AppendToHistory(history, oldest, D, ck, c, taps);
       next_sum += v[m] * v[m];
     }
   }
@@ -136,13 +137,13 @@ __global__ void __launch_bounds__(1024)
   const bool live = seg.count > 0;
   const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
   float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
-  const int c = 4 * threadIdx.x;
+  const int c = 4 * threadIdx.x, oldest = HistoryRow(seg.start, 3);
   const bool owner = c < D;
   FourChannelHistory earlier{};
   FourChannelConvWeights conv{};
   float4 gain{}, next_gain{};
   if (owner) {
-    if (live) earlier = LoadFourChannelHistory(history, D, c);
+    if (live) earlier = LoadFourChannelHistory(history, oldest, D, c);
     conv = LoadFourChannelConv(w, b, c);
     gain = Load4(norm_w + c);
     next_gain = Load4(next_norm_w + c);
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(1024)
     FourChannelConv(taps, conv, convolved);
     v = v + make_float4(convolved[0], convolved[1], convolved[2], convolved[3]);
     *reinterpret_cast<float4*>(h + base + c) = v;
-    if (live) FourChannelShiftHistory(history, D, c, taps);
+    if (live) FourChannelAppendToHistory(history, oldest, D, c, taps);
   }
   const float next_inv_rms = rsqrtf(BlockSum(Dot4(v, v), scratch) / D + eps);
   if (owner) {
@@ -187,6 +188,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
   const float* in = inputs.proj + static_cast<int64_t>(row) * cols.ld;
   float* history =
       inputs.share_qk && live ? SequenceState(state, seg.slot) + conv.history_offset : nullptr;
+  // The ring's row of the input h rows before the segment (LoadTaps); with rewrite_history
+  // (segments of one row) the row this row's input replaces.
+  const int oldest = history != nullptr && conv.ck > 1 ? HistoryRow(seg.start, conv.ck - 1) : 0;
   const int64_t out = static_cast<int64_t>(row) * D;
   for (int pair = threadIdx.x; pair < D / 2; pair += blockDim.x) {
     // Loads first (both channels), then arithmetic, then the history's rewrite.
@@ -197,7 +201,7 @@ __global__ void __launch_bounds__(kPrepareThreads)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         taps[e] = LoadTaps<kTaps>(inputs.proj + cols.q, cols.ld, seg.row, i, 2 * pair + e, history,
-                                  D, conv.ck);
+                                  oldest, D, conv.ck);
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -206,7 +210,9 @@ __global__ void __launch_bounds__(kPrepareThreads)
       }
       if (rewrite_history && live) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) ShiftHistory(history, D, conv.ck, 2 * pair + e, taps[e]);
+        for (int e = 0; e < 2; ++e) {
+          AppendToHistory(history, oldest, D, conv.ck, 2 * pair + e, taps[e]);
+        }
       }
     } else {
 #pragma unroll

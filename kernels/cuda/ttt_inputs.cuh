@@ -1,6 +1,6 @@
 // The TTT layer's input transforms, a channel at a time, shared by the kernels that compute them
 // (the pre-conv, PrepareTttInputs, the decode TTT kernel): causal depthwise convs over a
-// sequence's rows and its history (a tap's inputs, their weighted sum, the history's shift),
+// sequence's rows and its history (a tap's inputs, their weighted sum, the history's next row),
 // RoPE's rotation and the inner step size.
 #pragma once
 
@@ -12,9 +12,21 @@ constexpr int kMaxHistory = 8;  // ck ≤ 9 (checked by the launchers).
 // Taps held per channel: kernels come in two sizes, for ck ≤ 4 (every known model) with few
 // registers, and for any ck up to 9.
 constexpr int kCommonTaps = 4, kMaxTaps = kMaxHistory + 1;
-// The inputs of a causal conv's taps at channel c for row i of its segment: tap j reads segment
-// row i − h + j, or before the segment's first row the history ([h, D], oldest first; nullptr:
-// zeros). All loads are issued before any is used.
+
+// A conv's history ([h, D], h = ck − 1) is a ring of the sequence's last h inputs: the input at
+// position s (its index from the sequence's start) is row s mod h. A token then adds its input
+// by writing one row, over the oldest; shifting the rows wrote all h, which cost a 1b decode
+// step ~2% (bench/README.md v38). Rows of positions before the start are zero (a fresh state's).
+// Saved states hold the rows oldest first (server/engine/state_layout.h, RingConvHistories).
+__device__ __forceinline__ int HistoryRow(int64_t position, int h) {
+  const int row = static_cast<int>(position % h);
+  return row < 0 ? row + h : row;
+}
+
+// The inputs of a causal conv's taps at channel c for row i of a segment: tap j reads segment
+// row i − h + j, or before the segment's first row the history (nullptr: zeros), whose row
+// `oldest` = HistoryRow(segment start, h) holds the input h rows before the segment. All loads
+// are issued before any is used.
 template <int kTaps>
 struct Taps {
   float in[kTaps];
@@ -22,29 +34,36 @@ struct Taps {
 
 template <int kTaps>
 __device__ __forceinline__ Taps<kTaps> LoadTaps(const float* x, int64_t ld, int first_row, int i,
-                                                int c, const float* history, int D, int ck) {
+                                                int c, const float* history, int oldest, int D,
+                                                int ck) {
   const int h = ck - 1;
   Taps<kTaps> taps;
 #pragma unroll
   for (int j = 0; j < kTaps; ++j) {
     if (j < ck) {
       const int s = i - h + j;
+      // Before the segment (−h ≤ s < 0): row (oldest + s) mod h.
+      const int row = oldest + s >= 0 ? oldest + s : oldest + s + h;
       taps.in[j] = s >= 0 ? x[static_cast<int64_t>(first_row + s) * ld + c]
-                          : (history != nullptr ? history[(h + s) * D + c] : 0.0f);
+                          : (history != nullptr ? history[row * D + c] : 0.0f);
     }
   }
   return taps;
 }
 
-// The taps of a segment's only row: the history, then `current` (tap ck−1).
+// The taps of a one-row segment at position t: the history's inputs at t − h .. t − 1, from
+// row `oldest` = HistoryRow(t, h) on around the ring, then `current` (tap ck−1).
 template <int kTaps>
-__device__ __forceinline__ Taps<kTaps> DecodeTaps(const float* history, int D, int c, int ck,
-                                                  float current) {
+__device__ __forceinline__ Taps<kTaps> DecodeTaps(const float* history, int oldest, int D, int c,
+                                                  int ck, float current) {
   Taps<kTaps> taps;
+  const int h = ck - 1;
+  int row = oldest;
 #pragma unroll
   for (int j = 0; j < kTaps; ++j) {
     if (j + 1 < ck) {
-      taps.in[j] = history != nullptr ? history[j * D + c] : 0.0f;
+      taps.in[j] = history != nullptr ? history[row * D + c] : 0.0f;
+      row = row + 1 == h ? 0 : row + 1;
     } else if (j + 1 == ck) {
       taps.in[j] = current;
     }
@@ -64,14 +83,11 @@ __device__ __forceinline__ float ConvOf(const Taps<kTaps>& taps, int c, const fl
   return acc;
 }
 
-// For a segment of one row: its history becomes taps 1..ck−1 (the oldest row drops out).
+// For a segment of one row: its input (tap ck−1) takes the oldest input's row (DecodeTaps).
 template <int kTaps>
-__device__ __forceinline__ void ShiftHistory(float* history, int D, int ck, int c,
-                                             const Taps<kTaps>& taps) {
-#pragma unroll
-  for (int r = 0; r + 1 < kTaps; ++r) {
-    if (r + 1 < ck) history[r * D + c] = taps.in[r + 1];
-  }
+__device__ __forceinline__ void AppendToHistory(float* history, int oldest, int D, int ck, int c,
+                                                const Taps<kTaps>& taps) {
+  if (ck > 1) history[oldest * D + c] = taps.in[ck - 1];
 }
 
 // Four adjacent channels c .. c + 3 (c % 4 == 0) of a conv with exactly four taps (every known
@@ -84,14 +100,17 @@ __device__ __forceinline__ float Channel(const float4& v, int i) {
   return reinterpret_cast<const float*>(&v)[i];  // i is a constant once unrolled: a register.
 }
 
-// The history's rows (oldest first) hold the channels' three earlier inputs.
+// The channels' three earlier inputs, oldest first, from the history's ring (row `oldest` on, as
+// DecodeTaps).
 struct FourChannelHistory {
   float4 rows[3];
 };
 
-__device__ __forceinline__ FourChannelHistory LoadFourChannelHistory(const float* history, int D,
-                                                                     int c) {
-  return {{Load4(history + c), Load4(history + D + c), Load4(history + 2 * D + c)}};
+__device__ __forceinline__ FourChannelHistory LoadFourChannelHistory(const float* history,
+                                                                     int oldest, int D, int c) {
+  const int next = oldest == 2 ? 0 : oldest + 1, newest = next == 2 ? 0 : next + 1;
+  return {{Load4(history + oldest * D + c), Load4(history + next * D + c),
+           Load4(history + newest * D + c)}};
 }
 
 __device__ __forceinline__ void FourChannelTaps(const FourChannelHistory& history, float4 current,
@@ -105,9 +124,9 @@ __device__ __forceinline__ void FourChannelTaps(const FourChannelHistory& histor
   }
 }
 
-__device__ __forceinline__ void FourChannelDecodeTaps(const float* history, int D, int c,
-                                                      float4 current, Taps<4> taps[4]) {
-  FourChannelTaps(LoadFourChannelHistory(history, D, c), current, taps);
+__device__ __forceinline__ void FourChannelDecodeTaps(const float* history, int oldest, int D,
+                                                      int c, float4 current, Taps<4> taps[4]) {
+  FourChannelTaps(LoadFourChannelHistory(history, oldest, D, c), current, taps);
 }
 
 // The conv's bias and weights for the four channels c .. c + 3.
@@ -142,14 +161,11 @@ __device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4], int c, co
   FourChannelConv(taps, LoadFourChannelConv(w, b, c), out);
 }
 
-// ShiftHistory for the four channels: the history's rows become taps 1..3.
-__device__ __forceinline__ void FourChannelShiftHistory(float* history, int D, int c,
-                                                        const Taps<4> taps[4]) {
-#pragma unroll
-  for (int r = 0; r < 3; ++r) {
-    *reinterpret_cast<float4*>(history + r * D + c) = make_float4(
-        taps[0].in[r + 1], taps[1].in[r + 1], taps[2].in[r + 1], taps[3].in[r + 1]);
-  }
+// AppendToHistory for the four channels: their inputs (tap 3) take the oldest row.
+__device__ __forceinline__ void FourChannelAppendToHistory(float* history, int oldest, int D,
+                                                           int c, const Taps<4> taps[4]) {
+  *reinterpret_cast<float4*>(history + oldest * D + c) =
+      make_float4(taps[0].in[3], taps[1].in[3], taps[2].in[3], taps[3].in[3]);
 }
 
 // RoPE: channels (a, b) = (2i, 2i + 1) rotated by the angle of (cos, sin).

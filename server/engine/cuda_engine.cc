@@ -579,6 +579,7 @@ absl::StatusOr<std::string> CudaEngine::SaveSequence(SequenceSlot slot) const {
                            cudaMemcpyDeviceToHost, stream_));
   TTT_CUDA(cudaStreamSynchronize(stream_));
   if (w1_split_) JoinW1(layout_, state);
+  OrderConvHistories(layout_, lengths_[slot], state);
   return EncodeState({model_->weights.fingerprint(), model_->name}, lengths_[slot], state);
 }
 
@@ -587,6 +588,7 @@ absl::StatusOr<SequenceSlot> CudaEngine::RestoreSequence(std::string_view bytes)
       DecodedState decoded,
       DecodeState(bytes, {model_->weights.fingerprint(), model_->name}, layout_.total_floats()));
   if (w1_split_) SplitW1(layout_, decoded.state);
+  RingConvHistories(layout_, decoded.length, decoded.state);
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
   const absl::Status copied =
       CopyToDevice(slot_state(slot), decoded.state.data(), layout_.total_bytes());

@@ -29,6 +29,10 @@ StateLayout::StateLayout(const ModelConfig& c) : num_layers(c.num_hidden_layers)
   pending_g2 = take(mlp ? nh * K * f : 0);
   conv_pre = take(c.pre_conv ? history * D : 0);
   conv_qk = take(c.share_qk ? history * D : 0);
+  if (c.pre_conv) conv_histories.push_back(conv_pre);
+  if (c.share_qk) conv_histories.push_back(conv_qk);
+  conv_history_rows = history;
+  conv_history_width = D;
   layer_floats = offset;
 }
 
@@ -77,6 +81,44 @@ void JoinW1(const StateLayout& layout, std::span<float> state) {
     for (size_t i = 0; i < n; ++i) bits[i] = uint32_t{halves[i]} << 16 | halves[n + i];
     std::memcpy(W1, bits.data(), n * sizeof(uint32_t));
   }
+}
+
+namespace {
+
+// Moves every conv history's rows: row i to row destination(i), for i < ck − 1.
+template <typename Destination>
+void PermuteConvHistories(const StateLayout& layout, std::span<float> state,
+                          Destination destination) {
+  const size_t rows = layout.conv_history_rows, width = layout.conv_history_width;
+  std::vector<float> moved(rows * width);
+  for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+    for (size_t offset : layout.conv_histories) {
+      float* history = state.data() + layout.layer_offset(layer) + offset;
+      for (size_t i = 0; i < rows; ++i) {
+        std::copy_n(history + i * width, width, moved.data() + destination(i) * width);
+      }
+      std::copy(moved.begin(), moved.end(), history);
+    }
+  }
+}
+
+}  // namespace
+
+// Oldest first, row i holds the input at position length − (ck − 1) + i; in the ring, that
+// position's row. Rows of positions below zero (zero in both forms) land on rows no input has
+// reached yet.
+void RingConvHistories(const StateLayout& layout, int64_t length, std::span<float> state) {
+  const int64_t rows = static_cast<int64_t>(layout.conv_history_rows);
+  if (rows == 0) return;
+  const int64_t first = ((length - rows) % rows + rows) % rows;  // Ring row of the oldest.
+  PermuteConvHistories(layout, state, [&](size_t i) { return (first + i) % rows; });
+}
+
+void OrderConvHistories(const StateLayout& layout, int64_t length, std::span<float> state) {
+  const int64_t rows = static_cast<int64_t>(layout.conv_history_rows);
+  if (rows == 0) return;
+  const int64_t first = ((length - rows) % rows + rows) % rows;
+  PermuteConvHistories(layout, state, [&](size_t i) { return (i + rows - first) % rows; });
 }
 
 std::vector<float> WindowStepScales(const ModelConfig& c, const ModelWeights& weights,

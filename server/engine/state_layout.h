@@ -30,6 +30,9 @@ struct StateLayout {
   size_t layer_floats = 0;
 
   size_t W1_floats = 0;  // W1's length, nh·f·f1.
+  // The conv histories a layer holds (conv_pre, conv_qk where present), each [ck−1, D].
+  std::vector<size_t> conv_histories;
+  size_t conv_history_rows = 0, conv_history_width = 0;  // ck−1, D.
 
   int64_t num_layers = 0;
   size_t total_floats() const { return layer_floats * num_layers; }
@@ -49,6 +52,14 @@ std::vector<float> FreshState(const ModelConfig& config, const ModelWeights& wei
 // bytes). Saved states hold W1 whole, so an engine that splits it joins it to save.
 void SplitW1(const StateLayout& layout, std::span<float> state);
 void JoinW1(const StateLayout& layout, std::span<float> state);
+
+// The conv histories as the CUDA engine holds them: rings, the input at position s (its index
+// from the sequence's start) in row s mod (ck−1), so that a token writes one row rather than
+// shifting them all. Saved states hold them oldest first, so an engine that keeps rings orders
+// them to save. `length` is the sequence's tokens so far (a history's newest input is at
+// length − 1); rows before the sequence's start are zero in either form.
+void RingConvHistories(const StateLayout& layout, int64_t length, std::span<float> state);
+void OrderConvHistories(const StateLayout& layout, int64_t length, std::span<float> state);
 
 // Layer `layer`'s τ_r = max(0, 1/(r+1) + learnable_token_idx[r]) for r < K (spec §3.4).
 std::vector<float> WindowStepScales(const ModelConfig& config, const ModelWeights& weights,

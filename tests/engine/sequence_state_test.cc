@@ -1,4 +1,5 @@
-// Forking, saving and restoring sequence states; slot bookkeeping; W1 in halves.
+// Forking, saving and restoring sequence states; slot bookkeeping; W1 in halves; the conv
+// histories as rings.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "server/engine/cpu_engine.h"
 #include "server/engine/state_layout.h"
 #include "tests/test_support.h"
@@ -172,6 +174,43 @@ TEST(StateLayoutTest, W1InHalvesJoinsBackToTheSameBits) {
   }
   JoinW1(layout, state);
   EXPECT_EQ(std::memcmp(state.data(), original.data(), state.size() * sizeof(float)), 0);
+}
+
+// The conv histories as rings (the CUDA engine's): after `length` tokens, the input at position
+// s sits in row s mod (ck − 1) of each history, the rest of the state untouched, and ordering
+// them again gives the saved form back, for every length modulo ck − 1.
+TEST(StateLayoutTest, ConvHistoriesAsRingsOrderBackToTheSavedForm) {
+  auto model = LoadModel(testing::TestDataPath("golden/tiny-linear-m"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const StateLayout layout((*model)->config);
+  const size_t rows = layout.conv_history_rows, width = layout.conv_history_width;
+  ASSERT_EQ(rows, 3u);
+  ASSERT_EQ(layout.conv_histories.size(), 2u);  // The pre-conv's and q/k's.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> saved(layout.total_floats());
+  for (float& v : saved) v = normal(rng);
+  for (const int64_t length : {0, 1, 2, 3, 19, 20, 1000}) {
+    SCOPED_TRACE(absl::StrCat("length ", length));
+    std::vector<float> state = saved;
+    RingConvHistories(layout, length, state);
+    std::vector<float> expected = saved;
+    for (int64_t layer = 0; layer < layout.num_layers; ++layer) {
+      for (size_t offset : layout.conv_histories) {
+        const size_t at = layout.layer_offset(layer) + offset;
+        for (size_t i = 0; i < rows; ++i) {
+          // Saved row i holds position length − rows + i.
+          const int64_t position = length - static_cast<int64_t>(rows) + static_cast<int64_t>(i);
+          const size_t ring_row = static_cast<size_t>((position % 3 + 3) % 3);
+          std::copy_n(saved.begin() + at + i * width, width,
+                      expected.begin() + at + ring_row * width);
+        }
+      }
+    }
+    EXPECT_EQ(state, expected);
+    OrderConvHistories(layout, length, state);
+    EXPECT_EQ(state, saved);
+  }
 }
 
 }  // namespace
