@@ -53,11 +53,15 @@ __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
   const Segment seg = segments[blockIdx.x];
   if (seg.count == 0) return;
   float* history = SequenceState(state, seg.slot) + history_offset;
-  const int h = ck - 1;
-  for (int s = max(0, seg.count - h); s < seg.count; ++s) {
-    float* to = history + HistoryRow(seg.start + s, h) * D;
-    const float* from = x + static_cast<int64_t>(seg.row + s) * ld;
-    for (int c = threadIdx.x; c < D; c += blockDim.x) to[c] = from[c];
+  const int h = ck - 1, kept = min(seg.count, h), first = seg.count - kept;
+  const int first_row = HistoryRow(seg.start + first, h);
+  const float* rows = x + static_cast<int64_t>(seg.row + first) * ld;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float values[kMaxHistory];  // All of a channel's loads before its stores.
+    for (int r = 0; r < kept; ++r) values[r] = rows[r * ld + c];
+    for (int r = 0, row = first_row; r < kept; ++r, row = row + 1 == h ? 0 : row + 1) {
+      history[row * D + c] = values[r];
+    }
   }
 }
 

@@ -19,7 +19,9 @@ constexpr int kCommonTaps = 4, kMaxTaps = kMaxHistory + 1;
 // step ~2% (bench/README.md v38). Rows of positions before the start are zero (a fresh state's).
 // Saved states hold the rows oldest first (server/engine/state_layout.h, RingConvHistories).
 __device__ __forceinline__ int HistoryRow(int64_t position, int h) {
-  const int row = static_cast<int>(position % h);
+  // Every known model has h = 3: a 64-bit modulo by a constant is a multiplication, by a variable
+  // a division (tens of instructions in kernels of a block a row).
+  const int row = static_cast<int>(h == 3 ? position % 3 : position % h);
   return row < 0 ? row + h : row;
 }
 
