@@ -412,6 +412,15 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
     const Share gate_rows = ShareOf<T>(a, layer, kGate);
     ConsumersGridArrive(&a.counters[kTttInputsPublished], inputs_expected);
     if (blockIdx.x < nh) {
+      // The window's earlier rows are state, not the step's: the TTT warp has them on their way
+      // before it waits for the inputs.
+      WindowRows<kF> rows;
+      if (warp == 0) {
+        const int r = WindowPosition(seg, layer.ttt.K);
+        const DecodeWindow window = WindowOf<kF>(layer.ttt, blockIdx.x, base, a.offsets);
+        LoadWindowKeys<kF>(window, r, rows);
+        LoadWindowGradients<kF>(window, r, rows);
+      }
       ConsumersGridWait(&a.counters[kTttInputsPublished], inputs_expected);
       // The TTT step, a head a block (nh < gridDim.x). Meanwhile the other warps ask L2 for the
       // next layer's parameters and state, and block 0's write the token's row of the pre-conv's
@@ -419,8 +428,8 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       if (warp == 0) {
         TttProjectionInputs inputs = layer.ttt_inputs;
         inputs.proj = a.proj;
-        DecodeLinearToken<kF, kTaps, kSplit>(
-            layer.ttt, inputs, seg, blockIdx.x, base, a.offsets, w1, a.ttt_out,
+        DecodeLinearToken<kF, kTaps, kSplit, /*kRowsLoaded=*/true>(
+            layer.ttt, inputs, seg, blockIdx.x, base, a.offsets, w1, a.ttt_out, rows,
             /*commit=*/[](const DecodeWindow&, float4) {},
             /*release=*/[] {});
       } else if (pre_conv && blockIdx.x == 0) {

@@ -275,17 +275,57 @@ __device__ __forceinline__ int WindowPosition(const Segment& seg, int K) {
   return static_cast<int>(seg.start % K);
 }
 
+// The window's earlier tokens as a lane holds them: its rows j = ro + R·m < r of keys, step sizes
+// and gradients (zero past r).
+template <int kF>
+struct WindowRows {
+  static constexpr int kRows = DecodeTile<kF>::kWindowRowsPerLane;
+  float4 keys[kRows];
+  float lrs[kRows];
+  float4 grads[kRows];
+};
+
+template <int kF>
+__device__ __forceinline__ void LoadWindowKeys(const DecodeWindow& window, int r,
+                                               WindowRows<kF>& rows) {
+  using Tile = DecodeTile<kF>;
+  constexpr int L = Tile::kLanesPerRow;
+  const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    const int j = ro + Tile::kRowsAtOnce * m;
+    rows.keys[m] = j < r ? window.k[j * L + cg] : Broadcast4(0.0f);
+    rows.lrs[m] = j < r ? window.lr[j] : 0.0f;
+  }
+}
+
+template <int kF>
+__device__ __forceinline__ void LoadWindowGradients(const DecodeWindow& window, int r,
+                                                    WindowRows<kF>& rows) {
+  using Tile = DecodeTile<kF>;
+  constexpr int L = Tile::kLanesPerRow;
+  const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
+#pragma unroll
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
+    const int j = ro + Tile::kRowsAtOnce * m;
+    rows.grads[m] = j < r ? window.g1[j * L + cg] : Broadcast4(0.0f);
+  }
+}
+
 // The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
 // gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
 // and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
 // or with others). W1's copy into w1 (CopyW1Async, DecodeSharedBytes) must be committed before
-// the call; `release()` is called once w1 is no longer read.
-template <int kF, int kTaps, bool kSplit, typename Commit, typename Release>
+// the call; `release()` is called once w1 is no longer read. The window's earlier rows are
+// loaded into `rows` here, or with kRowsLoaded by the caller before (LoadWindowKeys and
+// LoadWindowGradients).
+template <int kF, int kTaps, bool kSplit, bool kRowsLoaded = false, typename Commit,
+          typename Release>
 __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
                                                   const TttProjectionInputs& in, Segment seg,
                                                   int head, float* base, const TttStateOffsets& off,
-                                                  float4* w1, float* out_all, Commit commit,
-                                                  Release release) {
+                                                  float4* w1, float* out_all, WindowRows<kF>& rows,
+                                                  Commit commit, Release release) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
   float4* shared_q = w1 + kF * L;
@@ -298,16 +338,9 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   float4* pg = window.g1;
   float* plr = window.lr;
 
-  // The window's earlier tokens: this lane's rows j = ro + R·m < r (their gradients are loaded
-  // once the keys are used, while W1 is in flight).
-  float4 keys[Tile::kWindowRowsPerLane];
-  float lrs[Tile::kWindowRowsPerLane];
-#pragma unroll
-  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-    const int j = ro + R * m;
-    keys[m] = j < r ? pk[j * L + cg] : Broadcast4(0.0f);
-    lrs[m] = j < r ? plr[j] : 0.0f;
-  }
+  // The window's earlier tokens (their gradients are loaded once the keys are used, while W1 is
+  // in flight).
+  if constexpr (!kRowsLoaded) LoadWindowKeys<kF>(window, r, rows);
 
   // This token's inputs (spec §3.2–3.4), for this lane's four channels.
   const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
@@ -384,14 +417,9 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   float coef[Tile::kWindowRowsPerLane];
 #pragma unroll
   for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-    coef[m] = tau_r * lrs[m] * (ColumnSum<kF>(Dot4(q4, keys[m])) + 1.0f);
+    coef[m] = tau_r * rows.lrs[m] * (ColumnSum<kF>(Dot4(q4, rows.keys[m])) + 1.0f);
   }
-  float4 grads[Tile::kWindowRowsPerLane];
-#pragma unroll
-  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-    const int j = ro + R * m;
-    grads[m] = j < r ? pg[j * L + cg] : Broadcast4(0.0f);
-  }
+  if constexpr (!kRowsLoaded) LoadWindowGradients<kF>(window, r, rows);
 
   const float4 bias = LaneBias<kF>(window);
   const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
@@ -440,7 +468,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   // The dual-form row: z̄ = zq − Σ_{j≤r} τ_r·lr_j·(q·k_j + 1)·g_j, out = q + LN(z̄).
   float4 dual = Broadcast4(0.0f);
 #pragma unroll
-  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) dual = dual + coef[m] * grads[m];
+  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) dual = dual + coef[m] * rows.grads[m];
   dual = make_float4(RowGroupSum<kF>(dual.x), RowGroupSum<kF>(dual.y), RowGroupSum<kF>(dual.z),
                      RowGroupSum<kF>(dual.w));
   const float coef_r = tau_r * lr_t * (ColumnSum<kF>(Dot4(q4, k4)) + 1.0f);

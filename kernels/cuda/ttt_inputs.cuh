@@ -164,8 +164,8 @@ __device__ __forceinline__ void FourChannelConv(const Taps<4> taps[4], int c, co
 }
 
 // AppendToHistory for the four channels: their inputs (tap 3) take the oldest row.
-__device__ __forceinline__ void FourChannelAppendToHistory(float* history, int oldest, int D,
-                                                           int c, const Taps<4> taps[4]) {
+__device__ __forceinline__ void FourChannelAppendToHistory(float* history, int oldest, int D, int c,
+                                                           const Taps<4> taps[4]) {
   *reinterpret_cast<float4*>(history + oldest * D + c) =
       make_float4(taps[0].in[3], taps[1].in[3], taps[2].in[3], taps[3].in[3]);
 }

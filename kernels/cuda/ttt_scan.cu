@@ -346,8 +346,9 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm 
   WaitForPreviousKernel();
   while (item < num_items) {
     const int next = next_live(item + gridDim.x);
+    WindowRows<kF> rows;
     DecodeLinearToken<kF, kTaps, kSplit>(
-        p, in, segments[item / p.nh], item % p.nh, state_of(item), off, w1, out_all,
+        p, in, segments[item / p.nh], item % p.nh, state_of(item), off, w1, out_all, rows,
         [&](const DecodeWindow& window, float4 bias) {
           CommitWindow<kF, kSplit>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
         },
