@@ -85,6 +85,11 @@ void JoinW1(const StateLayout& layout, std::span<float> state) {
 
 namespace {
 
+// The ring's row of a history's oldest input after `length` tokens (position length − rows).
+int64_t OldestRingRow(int64_t length, int64_t rows) {
+  return ((length - rows) % rows + rows) % rows;
+}
+
 // Moves every conv history's rows: row i to row destination(i), for i < ck − 1.
 template <typename Destination>
 void PermuteConvHistories(const StateLayout& layout, std::span<float> state,
@@ -110,14 +115,14 @@ void PermuteConvHistories(const StateLayout& layout, std::span<float> state,
 void RingConvHistories(const StateLayout& layout, int64_t length, std::span<float> state) {
   const int64_t rows = static_cast<int64_t>(layout.conv_history_rows);
   if (rows == 0) return;
-  const int64_t first = ((length - rows) % rows + rows) % rows;  // Ring row of the oldest.
+  const int64_t first = OldestRingRow(length, rows);
   PermuteConvHistories(layout, state, [&](size_t i) { return (first + i) % rows; });
 }
 
 void OrderConvHistories(const StateLayout& layout, int64_t length, std::span<float> state) {
   const int64_t rows = static_cast<int64_t>(layout.conv_history_rows);
   if (rows == 0) return;
-  const int64_t first = ((length - rows) % rows + rows) % rows;
+  const int64_t first = OldestRingRow(length, rows);
   PermuteConvHistories(layout, state, [&](size_t i) { return (i + rows - first) % rows; });
 }
 
