@@ -418,8 +418,8 @@ __global__ void __launch_bounds__(kThreads, 1) SequenceStepKernel(SequenceStepAr
       if (warp == 0) {
         const int r = WindowPosition(seg, layer.ttt.K);
         const DecodeWindow window = WindowOf<kF>(layer.ttt, blockIdx.x, base, a.offsets);
-        LoadWindowKeys<kF>(window, r, rows);
-        LoadWindowGradients<kF>(window, r, rows);
+        LoadWindowRows<kF, WindowPart::kKeys>(window, r, rows);
+        LoadWindowRows<kF, WindowPart::kGradients>(window, r, rows);
       }
       ConsumersGridWait(&a.counters[kTttInputsPublished], inputs_expected);
       // The TTT step, a head a block (nh < gridDim.x). Meanwhile the other warps ask L2 for the

@@ -285,8 +285,11 @@ struct WindowRows {
   float4 grads[kRows];
 };
 
-template <int kF>
-__device__ __forceinline__ void LoadWindowKeys(const DecodeWindow& window, int r,
+// What LoadWindowRows loads of this lane's rows: the keys and step sizes, or the gradients.
+enum class WindowPart { kKeys, kGradients };
+
+template <int kF, WindowPart kPart>
+__device__ __forceinline__ void LoadWindowRows(const DecodeWindow& window, int r,
                                                WindowRows<kF>& rows) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow;
@@ -294,21 +297,12 @@ __device__ __forceinline__ void LoadWindowKeys(const DecodeWindow& window, int r
 #pragma unroll
   for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
     const int j = ro + Tile::kRowsAtOnce * m;
-    rows.keys[m] = j < r ? window.k[j * L + cg] : Broadcast4(0.0f);
-    rows.lrs[m] = j < r ? window.lr[j] : 0.0f;
-  }
-}
-
-template <int kF>
-__device__ __forceinline__ void LoadWindowGradients(const DecodeWindow& window, int r,
-                                                    WindowRows<kF>& rows) {
-  using Tile = DecodeTile<kF>;
-  constexpr int L = Tile::kLanesPerRow;
-  const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
-#pragma unroll
-  for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
-    const int j = ro + Tile::kRowsAtOnce * m;
-    rows.grads[m] = j < r ? window.g1[j * L + cg] : Broadcast4(0.0f);
+    if constexpr (kPart == WindowPart::kKeys) {
+      rows.keys[m] = j < r ? window.k[j * L + cg] : Broadcast4(0.0f);
+      rows.lrs[m] = j < r ? window.lr[j] : 0.0f;
+    } else {
+      rows.grads[m] = j < r ? window.g1[j * L + cg] : Broadcast4(0.0f);
+    }
   }
 }
 
@@ -317,8 +311,7 @@ __device__ __forceinline__ void LoadWindowGradients(const DecodeWindow& window, 
 // and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
 // or with others). W1's copy into w1 (CopyW1Async, DecodeSharedBytes) must be committed before
 // the call; `release()` is called once w1 is no longer read. The window's earlier rows are
-// loaded into `rows` here, or with kRowsLoaded by the caller before (LoadWindowKeys and
-// LoadWindowGradients).
+// loaded into `rows` here, or with kRowsLoaded by the caller before (LoadWindowRows).
 template <int kF, int kTaps, bool kSplit, bool kRowsLoaded = false, typename Commit,
           typename Release>
 __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
@@ -340,7 +333,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
 
   // The window's earlier tokens (their gradients are loaded once the keys are used, while W1 is
   // in flight).
-  if constexpr (!kRowsLoaded) LoadWindowKeys<kF>(window, r, rows);
+  if constexpr (!kRowsLoaded) LoadWindowRows<kF, WindowPart::kKeys>(window, r, rows);
 
   // This token's inputs (spec §3.2–3.4), for this lane's four channels.
   const float* projected = in.proj + static_cast<int64_t>(seg.row) * in.columns.ld;
@@ -419,7 +412,7 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   for (int m = 0; m < Tile::kWindowRowsPerLane; ++m) {
     coef[m] = tau_r * rows.lrs[m] * (ColumnSum<kF>(Dot4(q4, rows.keys[m])) + 1.0f);
   }
-  if constexpr (!kRowsLoaded) LoadWindowGradients<kF>(window, r, rows);
+  if constexpr (!kRowsLoaded) LoadWindowRows<kF, WindowPart::kGradients>(window, r, rows);
 
   const float4 bias = LaneBias<kF>(window);
   const float4 gamma = reinterpret_cast<const float4*>(p.ln_weight + head * kF)[cg];
