@@ -208,13 +208,12 @@ class CudaEngine : public Engine {
   // float32, or bf16 where y_type says so (a store, with bf16 weights).
   absl::Status Gemm(const void* x, int64_t rows, int64_t in, const void* w, int64_t out, void* y,
                     bool accumulate, cu::ElementType y_type = cu::ElementType::kFloat32);
-  // The type of gate_up's sums for x [rows, in] · wᵀ: float32 where SkinnyGemm takes them (a
-  // few rows), else the weight precision: cuBLASLt rounds them as the activation is, and the
+  // The type of gate_up's sums for x [rows, in] · wᵀ [out]: float32 where SkinnyGemm takes them
+  // (a few rows), else the weight precision: cuBLASLt rounds them as the activation is, and the
   // SwiGLU kernel then reads half the bytes (bench/README.md v37).
-  cu::ElementType GateUpSums(int64_t rows, const void* x, int64_t in, const void* w) const {
-    const cu::ProductInput input{.rows = x};
-    return cu::SkinnyGemmFits(static_cast<int>(GemmRows(rows)), input, static_cast<int>(in),
-                              gemm_type(), w)
+  cu::ElementType GateUpSums(int64_t rows, const void* x, int64_t in, const void* w,
+                             int64_t out) const {
+    return gemm_->TakesSkinnyGemm({.rows = GemmRows(rows), .in = in, .out = out}, x, w)
                ? cu::ElementType::kFloat32
                : gemm_type();
   }
@@ -766,7 +765,7 @@ absl::Status CudaEngine::Product(const cu::ProductInput& input, int64_t rows, in
                 output == cu::ProductOutput::kAccumulate);
   }
   void* gate_up = scratch_.ffn.get();
-  const cu::ElementType sums = GateUpSums(rows, staging, in, w);
+  const cu::ElementType sums = GateUpSums(rows, staging, in, w, out);
   TTT_RETURN_IF_ERROR(Gemm(staging, rows, in, w, out, gate_up, /*accumulate=*/false, sums));
   TTT_CUDA(cu::SwiGlu(gate_up, sums, rows, out / 2, y, gemm_type(), stream_));
   return absl::OkStatus();
@@ -941,7 +940,7 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
         Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, s.proj.get<float>(), false));
     TTT_RETURN_IF_ERROR(Gemm(s.y_gemm.get(), rows, D, w.o_proj, D, s.h.get<float>(), true));
     TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get(), false,
-                             GateUpSums(rows, s.x.get(), D, w.gate_up)));
+                             GateUpSums(rows, s.x.get(), D, w.gate_up, 2 * I)));
     TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
     if (rows <= decode_rows) {
       TTT_RETURN_IF_ERROR(

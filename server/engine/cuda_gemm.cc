@@ -11,6 +11,10 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 bool Aligned(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 256 == 0; }
 
+kernels::cuda::ElementType InputType(bool bfloat16) {
+  return bfloat16 ? kernels::cuda::ElementType::kBFloat16 : kernels::cuda::ElementType::kFloat32;
+}
+
 }  // namespace
 
 CudaGemm::Plan::~Plan() {
@@ -72,6 +76,11 @@ absl::StatusOr<std::unique_ptr<CudaGemm::Plan>> CudaGemm::MakePlan(const GemmSha
   return plan;
 }
 
+bool CudaGemm::TakesSkinnyGemm(const GemmShape& shape, const void* x, const void* w) const {
+  const kernels::cuda::ProductInput given{.rows = x};
+  return kernels::cuda::SkinnyGemmFits(shape.rows, given, shape.in, InputType(bfloat16_), w);
+}
+
 absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w, void* y) {
   if (!Aligned(x) || !Aligned(w) || !Aligned(y)) {
     return absl::InternalError("GEMM operands must be 256-byte aligned");
@@ -79,11 +88,10 @@ absl::Status CudaGemm::Run(const GemmShape& shape, const void* x, const void* w,
   if (shape.bfloat16_y && (shape.accumulate || !bfloat16_)) {
     return absl::InternalError("a bf16 GEMM output is for bf16 inputs and a plain store");
   }
-  const auto type = bfloat16_ ? kernels::cuda::ElementType::kBFloat16
-                              : kernels::cuda::ElementType::kFloat32;
-  const kernels::cuda::ProductInput given{.rows = x};
-  if (!shape.bfloat16_y && kernels::cuda::SkinnyGemmFits(shape.rows, given, shape.in, type, w)) {
-    TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, given, w, shape.in, shape.out, type,
+  if (!shape.bfloat16_y && TakesSkinnyGemm(shape, x, w)) {
+    const kernels::cuda::ProductInput given{.rows = x};
+    TTT_CUDA(kernels::cuda::SkinnyGemm(shape.rows, given, w, shape.in, shape.out,
+                                       InputType(bfloat16_),
                                        shape.accumulate ? kernels::cuda::ProductOutput::kAccumulate
                                                         : kernels::cuda::ProductOutput::kStore,
                                        static_cast<float*>(y), stream_));

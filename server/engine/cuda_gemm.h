@@ -46,6 +46,10 @@ class CudaGemm {
   // aligned, as cudaMalloc's are (the heuristic assumes it).
   absl::Status Run(const GemmShape& shape, const void* x, const void* w, void* y);
 
+  // Whether Run gives a float32 product of this shape to SkinnyGemm, which writes float32 only
+  // (bfloat16_y is ignored here).
+  bool TakesSkinnyGemm(const GemmShape& shape, const void* x, const void* w) const;
+
  private:
   // One shape's descriptors and kernel.
   struct Plan {
