@@ -57,10 +57,13 @@ __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
   const int first_row = HistoryRow(seg.start + first, h);
   const float* rows = x + static_cast<int64_t>(seg.row + first) * ld;
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float values[kMaxHistory];  // All of a channel's loads before its stores.
-    for (int r = 0; r < kept; ++r) values[r] = rows[r * ld + c];
-    for (int r = 0, row = first_row; r < kept; ++r, row = row + 1 == h ? 0 : row + 1) {
-      history[row * D + c] = values[r];
+    // All of a channel's loads before its stores, in registers (unrolled to constant indices).
+    float values[kMaxHistory];
+#pragma unroll
+    for (int r = 0; r < kMaxHistory; ++r) values[r] = r < kept ? rows[r * ld + c] : 0.0f;
+#pragma unroll
+    for (int r = 0, row = first_row; r < kMaxHistory; ++r, row = row + 1 == h ? 0 : row + 1) {
+      if (r < kept) history[row * D + c] = values[r];
     }
   }
 }

@@ -86,10 +86,16 @@ __device__ __forceinline__ float ConvOf(const Taps<kTaps>& taps, int c, const fl
 }
 
 // For a segment of one row: its input (tap ck−1) takes the oldest input's row (DecodeTaps).
+// The tap is selected over an unrolled loop: indexing taps.in by the run-time ck − 1 would put
+// the taps on the stack.
 template <int kTaps>
 __device__ __forceinline__ void AppendToHistory(float* history, int oldest, int D, int ck, int c,
                                                 const Taps<kTaps>& taps) {
-  if (ck > 1) history[oldest * D + c] = taps.in[ck - 1];
+  if (ck <= 1) return;
+  float input = taps.in[0];
+#pragma unroll
+  for (int j = 1; j < kTaps; ++j) input = j == ck - 1 ? taps.in[j] : input;
+  history[oldest * D + c] = input;
 }
 
 // Four adjacent channels c .. c + 3 (c % 4 == 0) of a conv with exactly four taps (every known
