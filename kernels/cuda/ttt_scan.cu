@@ -315,12 +315,15 @@ __global__ void __launch_bounds__(kMaxScanThreads)
 // overlaps the rest of the item and the next item's inputs. Without that a warp waited for every
 // W1 with nothing to do, and the kernel moved its bytes at about half the memory bandwidth.
 
-// θ0's W1 in shared memory leaves room for 13 warps an SM at f = 64: registers for as many (the
-// kernel for other convs, which no known model has, is left unbounded rather than spill).
-constexpr int kDecodeWarpsPerSm = 13;
+// The kernel comes in two register budgets, by the warps an SM it is bounded to. θ0's W1 in
+// shared memory leaves room for 13 at f = 64, which put four on a quarter of the register file:
+// 128 registers a warp. At 12, three a quarter, a warp may hold 168, and each item is faster
+// (TttDecode chooses; bench/README.md v39). The kernel for other convs, which no known model has,
+// is left unbounded rather than spill.
+constexpr int kMostDecodeWarpsPerSm = 13, kRoomyDecodeWarpsPerSm = 12;
 
-template <int kF, int kTaps, bool kSplit>
-__global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kDecodeWarpsPerSm : 1)
+template <int kF, int kTaps, bool kSplit, int kWarpsPerSm>
+__global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
     TttDecodeLinearKernel(TttScanParams p, TttProjectionInputs in, const Segment* segments,
                           int num_items, StateAddress state, TttStateOffsets off, float* out_all) {
   extern __shared__ float4 w1[];  // DecodeSharedBytes(kF)
@@ -664,14 +667,16 @@ bool SixteenByteAligned(const TttScanParams& params, StateAddress state, TttStat
 // The decode warps an SM takes beside a scan of the same step (TttDecode's beside_scan): each
 // SM then keeps room for scan blocks, which otherwise start only as decode warps retire. Of the
 // 13 that fit at f = 64, 7 was the best of 3-11 in steps mixing prompts (bench/README.md v30).
+// They keep to 128 registers: at 168, a quarter of the register file holding two of them has
+// room for one scan warp, not two (v39).
 constexpr int kDecodeWarpsPerSmBesideScan = 7;
 
-// As many warps as fit on the device at once (the decode kernel is persistent: each walks items
-// a grid apart), found on first use; beside a scan, kDecodeWarpsPerSmBesideScan an SM at most.
-template <int kF, int kTaps, bool kSplit>
-cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
-  static std::atomic<int> sms{0}, per_sm{0};
-  if (per_sm.load() == 0) {
+// As many warps of a register budget as fit on the device at once (the decode kernel is
+// persistent: each walks items a grid apart), found on first use.
+template <int kF, int kTaps, bool kSplit, int kWarpsPerSm>
+cudaError_t ResidentDecodeWarps(int* sms, int* per_sm) {
+  static std::atomic<int> device_sms{0}, fit_per_sm{0};
+  if (fit_per_sm.load() == 0) {
     int device = 0, count = 0, fit = 0;
     cudaError_t status = cudaGetDevice(&device);
     if (status == cudaSuccess) {
@@ -679,15 +684,53 @@ cudaError_t ResidentDecodeWarps(bool beside_scan, int* warps) {
     }
     if (status == cudaSuccess) {
       status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &fit, TttDecodeLinearKernel<kF, kTaps, kSplit>, kWarp, DecodeSharedBytes(kF));
+          &fit, TttDecodeLinearKernel<kF, kTaps, kSplit, kWarpsPerSm>, kWarp,
+          DecodeSharedBytes(kF));
     }
     if (status != cudaSuccess) return status;
-    sms = std::max(1, count);
-    per_sm = std::max(1, fit);
+    device_sms = std::max(1, count);
+    fit_per_sm = std::max(1, fit);
   }
-  const int warps_per_sm =
-      beside_scan ? std::min(per_sm.load(), kDecodeWarpsPerSmBesideScan) : per_sm.load();
-  *warps = sms.load() * warps_per_sm;
+  *sms = device_sms.load();
+  *per_sm = fit_per_sm.load();
+  return cudaSuccess;
+}
+
+// Whether `warps` warps dealt `items` items in turn have room for a staggered step's commits:
+// sequences at staggered offsets, as a server's are, commit one item in K a step, and
+// PlanDecodeOrder puts those on warps with an item fewer than the busiest (bench/README.md v28).
+// Placed on the busiest, they end the step late.
+bool CommitsFitLighterWarps(int items, int K, int warps) {
+  if (warps >= items) return true;  // An item a warp.
+  const int busiest = (items + warps - 1) / warps;
+  return busiest * warps - items >= items / K;
+}
+
+// How TttDecode runs a step: the kernel's register budget, and its grid.
+struct DecodeGrid {
+  bool roomy;  // kRoomyDecodeWarpsPerSm's budget, else kMostDecodeWarpsPerSm's.
+  int warps;
+};
+
+// Decode alone, the roomier budget where its warps have room for a staggered step's commits
+// (1b at 256 rows; not 125m, whose 3,072 items leave 96 of 1,584 warps an item lighter for ~192
+// commits: bench/README.md v39); beside a scan, the tighter, on kDecodeWarpsPerSmBesideScan an SM.
+template <int kF, int kTaps, bool kSplit>
+cudaError_t PlanDecodeGrid(int items, int K, bool beside_scan, DecodeGrid* grid) {
+  int sms = 0, most = 0, roomy = 0;
+  cudaError_t status =
+      ResidentDecodeWarps<kF, kTaps, kSplit, kMostDecodeWarpsPerSm>(&sms, &most);
+  if (status == cudaSuccess) {
+    status = ResidentDecodeWarps<kF, kTaps, kSplit, kRoomyDecodeWarpsPerSm>(&sms, &roomy);
+  }
+  if (status != cudaSuccess) return status;
+  if (beside_scan) {
+    *grid = {false, std::min(items, sms * std::min(most, kDecodeWarpsPerSmBesideScan))};
+  } else if (CommitsFitLighterWarps(items, K, sms * roomy)) {
+    *grid = {true, std::min(items, sms * roomy)};
+  } else {
+    *grid = {false, std::min(items, sms * most)};
+  }
   return cudaSuccess;
 }
 
@@ -696,15 +739,17 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
                                const Segment* segments, int num_segments, StateAddress state,
                                TttStateOffsets offsets, float* out, bool beside_scan,
                                cudaStream_t stream) {
-  int resident = 0;
-  if (cudaError_t status = ResidentDecodeWarps<kF, kTaps, kSplit>(beside_scan, &resident);
+  const int items = num_segments * params.nh;
+  DecodeGrid grid;
+  if (cudaError_t status = PlanDecodeGrid<kF, kTaps, kSplit>(items, params.K, beside_scan, &grid);
       status != cudaSuccess) {
     return status;
   }
-  const int items = num_segments * params.nh;
-  return Launch(TttDecodeLinearKernel<kF, kTaps, kSplit>, std::min(items, resident), kWarp,
-                DecodeSharedBytes(kF), stream, params, inputs, segments, items, state, offsets,
-                out);
+  const auto kernel = grid.roomy
+                          ? TttDecodeLinearKernel<kF, kTaps, kSplit, kRoomyDecodeWarpsPerSm>
+                          : TttDecodeLinearKernel<kF, kTaps, kSplit, kMostDecodeWarpsPerSm>;
+  return Launch(kernel, grid.warps, kWarp, DecodeSharedBytes(kF), stream, params, inputs,
+                segments, items, state, offsets, out);
 }
 
 // Calls run(taps, split) with the decode kernel's form for the conv and for how W1 is held, as
@@ -732,11 +777,11 @@ cudaError_t LaunchDecodeLinear(const TttScanParams& params, const TttProjectionI
 }
 
 template <int kF>
-cudaError_t ResidentDecodeWarps(const TttProjectionInputs& inputs, TttStateOffsets offsets,
-                                bool beside_scan, int* warps) {
+cudaError_t PlanDecodeGrid(const TttScanParams& params, const TttProjectionInputs& inputs,
+                           TttStateOffsets offsets, int items, bool beside_scan, DecodeGrid* grid) {
   return WithDecodeForm(inputs, offsets, [&](auto taps, auto split) {
-    return ResidentDecodeWarps<kF, decltype(taps)::value, decltype(split)::value>(beside_scan,
-                                                                                  warps);
+    return PlanDecodeGrid<kF, decltype(taps)::value, decltype(split)::value>(items, params.K,
+                                                                             beside_scan, grid);
   });
 }
 
@@ -769,16 +814,17 @@ cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& in
 
 int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& inputs,
                    TttStateOffsets offsets, int num_segments, bool beside_scan) {
-  int resident = 0;
+  const int items = num_segments * params.nh;
+  DecodeGrid grid;
   const cudaError_t status =
-      params.f == 16   ? ResidentDecodeWarps<16>(inputs, offsets, beside_scan, &resident)
-      : params.f == 32 ? ResidentDecodeWarps<32>(inputs, offsets, beside_scan, &resident)
-                       : ResidentDecodeWarps<64>(inputs, offsets, beside_scan, &resident);
+      params.f == 16   ? PlanDecodeGrid<16>(params, inputs, offsets, items, beside_scan, &grid)
+      : params.f == 32 ? PlanDecodeGrid<32>(params, inputs, offsets, items, beside_scan, &grid)
+                       : PlanDecodeGrid<64>(params, inputs, offsets, items, beside_scan, &grid);
   if (status != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  return std::min(resident, num_segments * params.nh);
+  return grid.warps;
 }
 
 cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int num_segments,
