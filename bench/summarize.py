@@ -15,6 +15,18 @@ import json
 import statistics
 
 
+def how_stepped(result):
+    """The ttt-bench flags that change what a step is, as they read after the offset."""
+    how = ""
+    if result.get("staggered"):
+        how += ", staggered"
+    if result.get("joining"):
+        how += f", {result['joining']} joining"
+    if result.get("steps_in_flight", 1) > 1:
+        how += f", {result['steps_in_flight']} in flight"
+    return how
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record")
@@ -27,13 +39,13 @@ def main():
     # In the order they ran (older records do not list them).
     variants = record.get("variants") or list(dict.fromkeys(run["variant"] for run in runs))
 
-    # (model, batch, offset, repeat) -> variant -> that configuration's results, a round each. A
-    # configuration listed twice in one command (--batch 16,16) is two: repeat counts them.
+    # (model, batch, offset, how, repeat) -> variant -> that configuration's results, a round
+    # each. A configuration listed twice in one command (--batch 16,16) is two: repeat counts them.
     configurations = {}
     for run in runs:
         seen = {}
         for result in run["results"]:
-            shape = (result["model"], result["batch"], result["offset"])
+            shape = (result["model"], result["batch"], result["offset"], how_stepped(result))
             seen[shape] = seen.get(shape, -1) + 1
             key = (*shape, seen[shape])
             configurations.setdefault(key, {}).setdefault(run["variant"], []).append(result)
@@ -45,9 +57,9 @@ def main():
         return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:.0f}"
 
     print(record.get("command", ""))
-    for (model, batch, offset, repeat), by_variant in configurations.items():
+    for (model, batch, offset, how, repeat), by_variant in configurations.items():
         again = f" (repeat {repeat})" if repeat else ""
-        print(f"{model} batch {batch} offset {offset}{again}:")
+        print(f"{model} batch {batch} offset {offset}{how}{again}:")
         base = base_digests = None
         for variant in variants:
             results = by_variant.get(variant)
