@@ -318,8 +318,8 @@ __global__ void __launch_bounds__(kMaxScanThreads)
 // The kernel comes in two register budgets, by the warps an SM it is bounded to. θ0's W1 in
 // shared memory leaves room for 13 at f = 64, which put four on a quarter of the register file:
 // 128 registers a warp. At 12, three a quarter, a warp may hold 168, and each item is faster
-// (TttDecode chooses; bench/README.md v39). The kernel for other convs, which no known model has,
-// is left unbounded rather than spill.
+// (PlanDecodeGrid chooses; bench/README.md v39, v40). The kernel for other convs, which no known
+// model has, is left unbounded rather than spill.
 constexpr int kMostDecodeWarpsPerSm = 13, kRoomyDecodeWarpsPerSm = 12;
 
 template <int kF, int kTaps, bool kSplit, int kWarpsPerSm>
