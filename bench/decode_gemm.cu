@@ -7,7 +7,7 @@
 //                  tiles of wgmma fed by TMA through S stages; R = 64 with C consumer
 //                  warpgroups taking K's slices in turn, or R = 128 with one on each 64 rows;
 //                  with _cluster2, pairs of row tiles sharing w's slices (TMA multicast). N from
-//                  24 to 256, where the tiles number a quarter of the SMs to twice them (see
+//                  24 to 256, where the tiles number an eighth of the SMs to twice them (see
 //                  WgmmaKernel).
 //   …_split_k      the same where the tiles are fewer than the SMs, with K split among blocks
 //                  that add their sums into y atomically (y zeroed first when the product
@@ -480,7 +480,7 @@ cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, si
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
-// Ours at tile width kN, where its tiles number between a quarter of the SMs and twice them.
+// Ours at tile width kN, where its tiles number between an eighth of the SMs and twice them.
 template <int kN, int kConsumers, int kCluster, bool kByRows, typename Flush>
 void RunWgmma(const Product& p, const bf16* x, const bf16* w, const Expected& expected, int sms,
               Flush flush, double busy_ms) {
@@ -489,7 +489,7 @@ void RunWgmma(const Product& p, const bf16* x, const bf16* w, const Expected& ex
     if (expected.swiglu && kN % 16 != 0) return;
     constexpr int kTileRows = kByRows ? kGroupRows * kConsumers : kGroupRows;
     const int tiles = (p.out + kN - 1) / kN * (p.rows / kTileRows);
-    if (4 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
+    if (8 * tiles < sms || tiles > 2 * sms || (p.rows / kTileRows) % kCluster != 0) return;
     const auto kernel = WgmmaKernel<kN, kConsumers, kCluster, kByRows>;
     const size_t stage_bytes = sizeof(bf16) * (kTileRows + kN) * kSliceIn;
     constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
