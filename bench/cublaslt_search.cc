@@ -170,10 +170,13 @@ int main(int argc, char** argv) {
     return times[runs / 2];
   };
   // What the timing itself costs: an empty copy, timed as the products are.
-  std::printf("{\"variant\":\"empty_copy\",\"us_p50\":%.2f}\n", median_us([&] {
-                CHECK_CUDA(cudaMemcpyAsync(workspace, workspace, 0, cudaMemcpyDeviceToDevice));
-                return CUBLAS_STATUS_SUCCESS;
-              }, 21));
+  std::printf("{\"variant\":\"empty_copy\",\"us_p50\":%.2f}\n",
+              median_us(
+                  [&] {
+                    CHECK_CUDA(cudaMemcpyAsync(workspace, workspace, 0, cudaMemcpyDeviceToDevice));
+                    return CUBLAS_STATUS_SUCCESS;
+                  },
+                  21));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -197,17 +200,17 @@ int main(int argc, char** argv) {
     // (beta 0) of each configuration with the heuristic's.
     const float alpha = 1.0f, beta_step = p.accumulate ? 1.0f : 0.0f, beta_zero = 0.0f;
     auto run = [&](const cublasLtMatmulAlgo_t& algo, const float* beta, float* out) {
-      return cublasLtMatmul(handle, plan.desc, &alpha, w, plan.w, x, plan.x, beta, out, plan.y,
-                            out, plan.y, &algo, workspace, workspace_bytes, nullptr);
+      return cublasLtMatmul(handle, plan.desc, &alpha, w, plan.w, x, plan.x, beta, out, plan.y, out,
+                            plan.y, &algo, workspace, workspace_bytes, nullptr);
     };
 
     // The heuristic's candidates.
     cublasLtMatmulPreference_t preference;
     CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&preference));
     const uint64_t max_workspace = workspace_bytes;
-    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
-        preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
-        sizeof(max_workspace)));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(preference,
+                                                      CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &max_workspace, sizeof(max_workspace)));
     std::vector<cublasLtMatmulHeuristicResult_t> heuristic(128);
     int found = 0;
     CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.w, plan.x, plan.y, plan.y,
@@ -256,13 +259,12 @@ int main(int argc, char** argv) {
                 if (split == 1 && reduction != reductions[0]) break;
                 if (split > 1 && (reduction_mask & reduction) == 0) continue;
                 for (uint32_t swizzle = 0; swizzle <= (swizzles ? 1u : 0u); ++swizzle) {
-                  Config c{ids[a], tile, stage, split, split > 1 ? reduction : 0, swizzle,
-                           cluster};
+                  Config c{ids[a], tile, stage, split, split > 1 ? reduction : 0, swizzle, cluster};
                   cublasLtMatmulAlgo_t configured = algo;
                   auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attribute, const void* v,
                                  size_t bytes) {
-                    return cublasLtMatmulAlgoConfigSetAttribute(&configured, attribute, v,
-                                                                bytes) == CUBLAS_STATUS_SUCCESS;
+                    return cublasLtMatmulAlgoConfigSetAttribute(&configured, attribute, v, bytes) ==
+                           CUBLAS_STATUS_SUCCESS;
                   };
                   if (!set(CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof(c.tile)) ||
                       !set(CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof(c.stages)) ||
@@ -308,14 +310,12 @@ int main(int argc, char** argv) {
     // the record says what those forms reach.
     std::vector<Timed> kept(candidates.begin(),
                             candidates.begin() + std::min<size_t>(candidates.size(), 12));
-    for (const auto& other : {std::function<bool(const Timed&)>(
-                                  [](const Timed& t) { return t.config.split_k > 1; }),
-                              std::function<bool(const Timed&)>([&](const Timed& t) {
-                                return t.config.id != first.config.id;
-                              })}) {
+    for (const auto& other :
+         {std::function<bool(const Timed&)>([](const Timed& t) { return t.config.split_k > 1; }),
+          std::function<bool(const Timed&)>(
+              [&](const Timed& t) { return t.config.id != first.config.id; })}) {
       const auto found_other = std::find_if(candidates.begin(), candidates.end(), other);
-      if (found_other != candidates.end() &&
-          std::none_of(kept.begin(), kept.end(), other)) {
+      if (found_other != candidates.end() && std::none_of(kept.begin(), kept.end(), other)) {
         kept.push_back(*found_other);
       }
     }
@@ -335,7 +335,8 @@ int main(int argc, char** argv) {
         diff = std::max(diff, std::fabs(double{host_y[e]} - host_first[e]));
       }
       char entry[400];
-      std::snprintf(entry, sizeof(entry), "%s{\"us_p50\":%.2f,\"relative_diff\":%.2e,\"config\":%s}",
+      std::snprintf(entry, sizeof(entry),
+                    "%s{\"us_p50\":%.2f,\"relative_diff\":%.2e,\"config\":%s}",
                     fastest.empty() ? "" : ",", t.us, diff / largest, Describe(t.config).c_str());
       fastest += entry;
     }

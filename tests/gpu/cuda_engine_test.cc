@@ -80,8 +80,12 @@ TEST_P(CudaGoldenTest, Float32MatchesTheReferenceForEveryChunking) {
     float worst_prefill = 0, worst_decode = 0;
     for (int64_t b = 0; b < golden_.batch; ++b) {
       const size_t n = golden_.length * golden_.vocab;
-      worst_prefill = std::max(worst_prefill, testing::MaxAbsDiff(logits[b], std::span(golden_.prefill_logits).subspan(b * n, n)));
-      worst_decode = std::max(worst_decode, testing::MaxAbsDiff(logits[b], std::span(golden_.decode_logits).subspan(b * n, n)));
+      worst_prefill = std::max(
+          worst_prefill,
+          testing::MaxAbsDiff(logits[b], std::span(golden_.prefill_logits).subspan(b * n, n)));
+      worst_decode = std::max(
+          worst_decode,
+          testing::MaxAbsDiff(logits[b], std::span(golden_.decode_logits).subspan(b * n, n)));
     }
     std::printf("[cuda-f32] %-16s %-18s max|Δ| vs prefill %.3g, vs decode %.3g\n",
                 GetParam().c_str(), name.c_str(), worst_prefill, worst_decode);
@@ -199,10 +203,11 @@ TEST(CudaBFloat16Test, CloseToTheReferenceAndAgreesOnArgmax) {
                               golden.Row(golden.prefill_logits, b, t, golden.length));
         }
       }
-      std::printf("[cuda-bf16] %-16s chunk %-3lld relative error %.3g, argmax agreement %lld/%lld\n",
-                  name.c_str(), static_cast<long long>(chunk), model_agreement.relative(),
-                  static_cast<long long>(model_agreement.agree),
-                  static_cast<long long>(model_agreement.positions));
+      std::printf(
+          "[cuda-bf16] %-16s chunk %-3lld relative error %.3g, argmax agreement %lld/%lld\n",
+          name.c_str(), static_cast<long long>(chunk), model_agreement.relative(),
+          static_cast<long long>(model_agreement.agree),
+          static_cast<long long>(model_agreement.positions));
       EXPECT_LE(model_agreement.relative(), 2e-2) << name;
       agree += model_agreement.agree;
       positions += model_agreement.positions;
@@ -280,20 +285,17 @@ TEST_P(CudaBFloat16BatchTest, CloseToTheCpuEngine) {
                                         LogitsFor::kNone, /*seed=*/5,
                                         AddRows(c.vocab_size, &agreement)));
   ExpectWithinBf16Bounds(agreement, absl::StrCat("batch ", sequences, ", head size ", head_dim,
-                                                ", heads ", c.num_attention_heads)
-                                       .c_str());
+                                                 ", heads ", c.num_attention_heads)
+                                        .c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchesAndHeadSizes, CudaBFloat16BatchTest,
                          ::testing::Values(Bf16Batch{256, 64}, Bf16Batch{256, 64, 12},
-                                           Bf16Batch{64, 64}, Bf16Batch{64, 32},
-                                           Bf16Batch{64, 16}),
+                                           Bf16Batch{64, 64}, Bf16Batch{64, 32}, Bf16Batch{64, 16}),
                          [](const ::testing::TestParamInfo<Bf16Batch>& info) {
-                           return absl::StrCat("Of", info.param.sequences, "HeadSize",
-                                               info.param.head_dim,
-                                               info.param.heads > 0
-                                                   ? absl::StrCat("Heads", info.param.heads)
-                                                   : "");
+                           return absl::StrCat(
+                               "Of", info.param.sequences, "HeadSize", info.param.head_dim,
+                               info.param.heads > 0 ? absl::StrCat("Heads", info.param.heads) : "");
                          });
 
 // A prompt step of 200 rows (8 sequences of 25 tokens), which on Hopper takes our tensor-core
@@ -848,7 +850,8 @@ TEST(CudaSamplingTest, SeededDrawsMatchTheCpuSampler) {
       same += from_gpu[0].id == from_cpu[0].id;
       ++draws;
       if (from_gpu[0].id == from_cpu[0].id) {
-        worst_logprob = std::max(worst_logprob, double(std::abs(from_gpu[0].logprob - from_cpu[0].logprob)));
+        worst_logprob =
+            std::max(worst_logprob, double(std::abs(from_gpu[0].logprob - from_cpu[0].logprob)));
       }
       // Both continue with the CPU's choice, so a rare difference does not compound.
       gpu_tokens.push_back(from_cpu[0].id);
