@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 
 namespace {
@@ -95,25 +96,6 @@ uint32_t CapValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttribu
   size_t written = 0;
   cublasLtMatmulAlgoCapGetAttribute(&algo, attribute, &value, sizeof(value), &written);
   return value;
-}
-
-struct Plan {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t w, x, y;
-};
-
-// As server/engine/cuda_gemm.cc plans it: row-major y [rows, out] is column-major
-// yᵀ = w · xᵀ, with w row-major [out, in] read as column-major [in, out] and transposed.
-Plan MakePlan(int rows, const Product& p) {
-  Plan plan{};
-  CHECK_CUBLAS(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T;
-  CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose,
-                                              sizeof(transpose)));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.w, CUDA_R_16BF, p.in, p.out, p.in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.x, CUDA_R_16BF, p.in, rows, p.in));
-  CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&plan.y, CUDA_R_32F, p.out, rows, p.out));
-  return plan;
 }
 
 struct Timed {
@@ -195,7 +177,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMemset(y, 0, y_count * sizeof(float)));
     CHECK_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    const Plan plan = MakePlan(rows, p);
+    const LtPlan plan = PlanLt(handle, rows, p.in, p.out, workspace_bytes);
     // The products that add run with beta = 1 into y as it stands; the check compares y = x · wᵀ
     // (beta 0) of each configuration with the heuristic's.
     const float alpha = 1.0f, beta_step = p.accumulate ? 1.0f : 0.0f, beta_zero = 0.0f;
@@ -353,10 +335,7 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaFree(y));
     CHECK_CUDA(cudaFree(w));
     CHECK_CUDA(cudaFree(x));
-    cublasLtMatrixLayoutDestroy(plan.y);
-    cublasLtMatrixLayoutDestroy(plan.x);
-    cublasLtMatrixLayoutDestroy(plan.w);
-    cublasLtMatmulDescDestroy(plan.desc);
+    DestroyLt(plan);
   }
   return 0;
 }
