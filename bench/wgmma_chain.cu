@@ -5,7 +5,7 @@
 // and of w (N rows), swizzled as TMA writes them, and its warpgroups multiply them again and
 // again as a product's slices: four m64nNk16 a slice, committed as a group, then
 // `wgmma.wait_group kInFlight`. The forms:
-//   N              64 × N tiles (the engine's widths run 24 to 168);
+//   N              64 × N tiles (the engine's are 32 to 128 wide);
 //   chains         accumulators a warpgroup keeps, slice s adding into chain s % chains (the
 //                  decode products keep one, so each slice's wgmmas follow the last's);
 //   in flight      groups left pending at each wait (the products leave one);
