@@ -35,7 +35,6 @@
 #include <cuda/ptx>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -57,7 +56,11 @@ using ttt::kernels::cuda::WaitForPreviousKernel;
 using ttt::kernels::cuda::WgmmaOfWidth;
 
 // Where the time goes (TTT_GEMM_ABLATION=delivery or compute): the producer's copies with no
-// wgmma, or the wgmmas on whatever the stages hold, with no copy waited for (results wrong).
+// wgmma, or the wgmmas on whatever the stages hold, each stage marked full with no copy (results
+// wrong). The consumers' loop that multiplies is one and the same in every form: where a kernel
+// had a loop of its own for each, ptxas serialized every wgmma (C7515: moves define the
+// accumulators between the loops), and all of v41's figures for ours were so measured
+// (bench/README.md v42).
 enum class Ablation { kNone, kDeliveryOnly, kComputeOnly };
 
 // How a block writes its sums: y = sums, y += sums (the only writer), atomically added, or as
@@ -154,8 +157,14 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
 
   if (warp == 4 * kConsumers) {  // The producer.
-    if (lane == 0 && ablation == Ablation::kComputeOnly) WaitForPreviousKernel();
-    if (lane == 0 && ablation != Ablation::kComputeOnly) {
+    if (lane == 0 && ablation == Ablation::kComputeOnly) {
+      WaitForPreviousKernel();
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % stages;
+        if (t >= stages) WaitForPhase(&empty[s], (t / stages + 1) % 2);
+        cuda::ptx::mbarrier_arrive(&full[s]);
+      }
+    } else if (lane == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
       auto load_w = [&](int t) {
@@ -194,7 +203,9 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
         }
         load_x(t);
       }
-      if constexpr (kCluster > 1) {
+    }
+    if constexpr (kCluster > 1) {
+      if (lane == 0) {
         for (int t = max(0, tiles - stages); t < tiles; ++t) {
           WaitForPhase(&empty[t % stages], (t / stages) % 2);
         }
@@ -215,37 +226,28 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   };
   const int consumer = warp / 4;
   const bf16* x_rows = x_tiles + (kByRows ? consumer * kGroupRows * kSliceIn : 0);
+  const int first = kByRows ? 0 : consumer, step = kByRows ? 1 : kConsumers;
+  if (ablation == Ablation::kDeliveryOnly) {  // Each stage released unread; nothing written.
+    for (int t = first; t < tiles; t += step) {
+      WaitForPhase(&full[t % stages], (t / stages) % 2);
+      release(t % stages);
+    }
+    return;
+  }
   float d[kN / 2] = {};
   int previous = -1;  // The stage of this consumer's slice still in flight.
-  // Each ablation has a loop of its own: with a branch around the wgmmas or the wait inside the
-  // loop, ptxas injected warpgroup.arrive (warning C7519), which the engine's loop has none of.
-  // (It cost nothing measurable: bench/README.md v41.)
-  auto consume = [&](auto waits, auto multiplies) {
-    for (int t = kByRows ? 0 : consumer; t < tiles; t += kByRows ? 1 : kConsumers) {
-      const int s = t % stages;
-      if constexpr (decltype(waits)::value) WaitForPhase(&full[s], (t / stages) % 2);
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-      if constexpr (decltype(multiplies)::value) {
+  for (int t = first; t < tiles; t += step) {
+    const int s = t % stages;
+    WaitForPhase(&full[s], (t / stages) % 2);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int k = 0; k < kSliceIn; k += 16) {
-          WgmmaOfWidth<kN>(d, SwizzledTile(x_rows + s * kXElements + k),
-                           w_tiles + s * kWElements + k);
-        }
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-      if (previous >= 0) release(previous);
-      previous = s;
+    for (int k = 0; k < kSliceIn; k += 16) {
+      WgmmaOfWidth<kN>(d, SwizzledTile(x_rows + s * kXElements + k), w_tiles + s * kWElements + k);
     }
-  };
-  using Yes = std::true_type;
-  using No = std::false_type;
-  if (ablation == Ablation::kNone) {
-    consume(Yes{}, Yes{});
-  } else if (ablation == Ablation::kDeliveryOnly) {
-    consume(Yes{}, No{});
-  } else {
-    consume(No{}, Yes{});
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (previous >= 0) release(previous);
+    previous = s;
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   if (previous >= 0) release(previous);
