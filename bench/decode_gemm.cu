@@ -47,6 +47,7 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
+using ttt::kernels::cuda::Advance;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::Swish;
@@ -236,18 +237,27 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
   float d[kN / 2] = {};
   int previous = -1;  // The stage of this consumer's slice still in flight.
+  // As the engine's loop (tensor_core_products.cu): stage, phase and descriptors kept as it goes.
+  const uint64_t x_first = SwizzledTile(x_rows), w_first = SwizzledTile(w_tiles);
+  int s = first, phase = 0;  // first < stages.
   for (int t = first; t < tiles; t += step) {
-    const int s = t % stages;
-    WaitForPhase(&full[s], (t / stages) % 2);
+    WaitForPhase(&full[s], phase);
+    const uint64_t x_slice = Advance(x_first, s * kXElements * sizeof(bf16));
+    const uint64_t w_slice = Advance(w_first, s * kWElements * sizeof(bf16));
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int k = 0; k < kSliceIn; k += 16) {
-      WgmmaOfWidth<kN>(d, SwizzledTile(x_rows + s * kXElements + k), w_tiles + s * kWElements + k);
+      WgmmaOfWidth<kN>(d, Advance(x_slice, k * sizeof(bf16)), Advance(w_slice, k * sizeof(bf16)));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     if (previous >= 0) release(previous);
     previous = s;
+    s += step;
+    if (s >= stages) {
+      s -= stages;
+      phase ^= 1;
+    }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   if (previous >= 0) release(previous);

@@ -51,7 +51,9 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
     for (int c = 0; c < kChains; ++c) {
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int k = 0; k < kSliceIn; k += 16) WgmmaOfWidth<kN>(d[c], SwizzledTile(x + k), w + k);
+      for (int k = 0; k < kSliceIn; k += 16) {
+        WgmmaOfWidth<kN>(d[c], SwizzledTile(x + k), SwizzledTile(w + k));
+      }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kInFlight) : "memory");
     }

@@ -89,20 +89,31 @@ __device__ __forceinline__ void Wgmma<128>(float* d, uint64_t a, uint64_t b) {
 }
 
 // A wgmma descriptor of a tile of rows of 64 bf16 (128 bytes) in shared memory, swizzled as TMA's
-// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart.
+// SWIZZLE_128B writes it: groups of 8 rows 1,024 bytes apart. Computed once a kernel: within a
+// loop, its cvta and the stage arithmetic before it delayed each slice's wgmmas (bench/README.md
+// v42).
 __device__ __forceinline__ uint64_t SwizzledTile(const __nv_bfloat16* tile) {
   const uint64_t address = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
   return ((address & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
 }
 
+// The descriptor of the tile `bytes` (a multiple of 16) past the one `tile` describes. Its
+// address field counts 16-byte units in 14 bits, which hold every shared-memory address.
+__device__ __forceinline__ uint64_t Advance(uint64_t tile, uint32_t bytes) {
+  return tile + (bytes >> 4);
+}
+
 // A 64 × N step as wgmmas of 128, 64, 32, 16 and 8 outputs: their sums line up in d as one
-// wgmma of N would hold them; `w` is the first of N rows of a swizzled slice.
+// wgmma of N would hold them; `w` describes the first of N rows of a swizzled slice.
 template <int kN>
-__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, const __nv_bfloat16* w) {
+__device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, uint64_t w) {
   constexpr int kPart = kN >= 128 ? 128 : kN >= 64 ? 64 : kN >= 32 ? 32 : kN >= 16 ? 16 : 8;
-  Wgmma<kPart>(d, a, SwizzledTile(w));
-  if constexpr (kN > kPart) WgmmaOfWidth<kN - kPart>(d + kPart / 2, a, w + kPart * kSliceIn);
+  Wgmma<kPart>(d, a, w);
+  if constexpr (kN > kPart) {
+    WgmmaOfWidth<kN - kPart>(d + kPart / 2, a,
+                             Advance(w, kPart * kSliceIn * sizeof(__nv_bfloat16)));
+  }
 }
 
 // A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × kSliceIn swizzled
