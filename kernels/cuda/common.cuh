@@ -35,8 +35,15 @@ __device__ __forceinline__ float Gelu(float x) {
 }
 
 // The feed-forward's activation: silu(gate) · up (on the host too, for the checks of kernels).
+// On the device with the fast exp and division, whose few ulp of error moved no test's figure
+// but one argmax in 5,120: IEEE's took 1.7% of a 125m batch-256 step, in gate_up's epilogue
+// (bench/README.md v42).
 __host__ __device__ __forceinline__ float Swish(float gate, float up) {
+#ifdef __CUDA_ARCH__
+  return __fdividef(gate, 1.0f + __expf(-gate)) * up;
+#else
   return gate / (1.0f + expf(-gate)) * up;
+#endif
 }
 
 __device__ __forceinline__ float GeluDerivative(float x) {
