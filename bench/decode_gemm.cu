@@ -47,14 +47,12 @@
 namespace {
 
 using bf16 = __nv_bfloat16;
-using ttt::kernels::cuda::Advance;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
+using ttt::kernels::cuda::MultiplySlices;
 using ttt::kernels::cuda::Swish;
-using ttt::kernels::cuda::SwizzledTile;
 using ttt::kernels::cuda::WaitForPhase;
 using ttt::kernels::cuda::WaitForPreviousKernel;
-using ttt::kernels::cuda::WgmmaOfWidth;
 
 // Where the time goes (TTT_GEMM_ABLATION=delivery or compute): the producer's copies with no
 // wgmma, or the wgmmas on whatever the stages hold, each stage marked full with no copy (results
@@ -235,36 +233,9 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
     return;
   }
-  float d[kN / 2] = {};
-  int previous = -1;  // The stage of this consumer's slice still in flight.
-  // As the engine's loop (tensor_core_products.cu): stage, phase and descriptors kept as it goes.
-  const uint64_t x_first = SwizzledTile(x_rows), w_first = SwizzledTile(w_tiles);
-  int s = first, phase = 0;  // first < stages.
-  for (int t = first; t < tiles; t += step) {
-    WaitForPhase(&full[s], phase);
-    const uint64_t x_slice = Advance(x_first, s * kXElements * sizeof(bf16));
-    const uint64_t w_slice = Advance(w_first, s * kWElements * sizeof(bf16));
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int k = 0; k < kSliceIn; k += 16) {
-      WgmmaOfWidth<kN>(d, Advance(x_slice, k * sizeof(bf16)), Advance(w_slice, k * sizeof(bf16)));
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    if (previous >= 0) release(previous);
-    previous = s;
-    s += step;
-    if (s >= stages) {
-      s -= stages;
-      phase ^= 1;
-    }
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  if (previous >= 0) release(previous);
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
-  }
+  float d[kN / 2] = {};  // The engine's loop (tensor_core_products.cu).
+  MultiplySlices<kN>(d, full, stages, x_rows, kXElements * sizeof(bf16), w_tiles,
+                     kWElements * sizeof(bf16), first, step, tiles, release);
   if constexpr (kConsumers > 1 && !kByRows) {
     // The other consumers' sums come to the first through the stages, once every slice is used.
     float* partial = reinterpret_cast<float*>(x_tiles);

@@ -266,36 +266,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   float d[kN / 2] = {};
-  int previous = -1;  // The stage of this consumer's slice still in flight.
-  // Slice t is in stage s = t % stages, filled for the (t / stages)th time: both kept as the loop
-  // goes, as are the descriptors, so that nothing slow stands before each slice's wgmmas.
-  const uint64_t x_first = SwizzledTile(x_tiles), w_first = SwizzledTile(w_tiles);
-  int s = consumer, phase = 0;  // consumer < stages.
-  for (int t = consumer; t < tiles; t += kConsumers) {
-    WaitForPhase(&full[s], phase);
-    const uint64_t x_slice = Advance(x_first, s * kXElements * sizeof(bf16));
-    const uint64_t w_slice = Advance(w_first, s * kWElements * sizeof(bf16));
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int k = 0; k < kSliceIn; k += 16) {
-      WgmmaOfWidth<kN>(d, Advance(x_slice, k * sizeof(bf16)), Advance(w_slice, k * sizeof(bf16)));
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(&empty[previous]);
-    previous = s;
-    s += kConsumers;
-    if (s >= stages) {
-      s -= stages;
-      phase ^= 1;
-    }
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  if (previous >= 0 && lane == 0) ptx::mbarrier_arrive(&empty[previous]);
-#pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
-    asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
-  }
+  MultiplySlices<kN>(d, full, stages, x_tiles, kXElements * sizeof(bf16), w_tiles,
+                     kWElements * sizeof(bf16), consumer, kConsumers, tiles, [&](int stage) {
+                       if (lane == 0) ptx::mbarrier_arrive(&empty[stage]);
+                     });
   // The other consumers' sums come to the first through x's stages, once every slice is used.
   float* partial = reinterpret_cast<float*>(x_tiles);
   const int thread = threadIdx.x % 128;

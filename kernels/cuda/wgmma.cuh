@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cuda/ptx>
 
+#include "kernels/cuda/grid_sync.cuh"
+
 namespace ttt::kernels::cuda {
 
 // K is taken in slices of 64 bf16: one 128-byte row of a swizzled tile.
@@ -113,6 +115,49 @@ __device__ __forceinline__ void WgmmaOfWidth(float* d, uint64_t a, uint64_t w) {
   if constexpr (kN > kPart) {
     WgmmaOfWidth<kN - kPart>(d + kPart / 2, a,
                              Advance(w, kPart * kSliceIn * sizeof(__nv_bfloat16)));
+  }
+}
+
+// A consumer warpgroup's pass over K: d (64 × kN) += the slices first, first + step, … below
+// `slices`, slice t waited for in stage t % stages (whose `full` barrier completes a phase each
+// time the stage is filled), where x's tile starts stage_bytes_x · stage past x_tiles and w's
+// stage_bytes_w · stage past w_tiles. One slice's wgmmas stay in flight while the next's are
+// issued; release(stage) is called once a stage's wgmmas are done with it, and every one is done
+// when this returns. Stage, phase and descriptors are kept as the loop goes: derived per slice (a
+// division by `stages`, a cvta), they delayed each slice's wgmmas (bench/README.md v42).
+template <int kN, typename Release>
+__device__ __forceinline__ void MultiplySlices(float* d, uint64_t* full, int stages,
+                                               const __nv_bfloat16* x_tiles, uint32_t stage_bytes_x,
+                                               const __nv_bfloat16* w_tiles, uint32_t stage_bytes_w,
+                                               int first, int step, int slices, Release release) {
+  const uint64_t x_first = SwizzledTile(x_tiles), w_first = SwizzledTile(w_tiles);
+  int previous = -1;         // The stage of the slice still in flight.
+  int s = first, phase = 0;  // first < stages.
+  for (int t = first; t < slices; t += step) {
+    WaitForPhase(&full[s], phase);
+    const uint64_t x_slice = Advance(x_first, s * stage_bytes_x);
+    const uint64_t w_slice = Advance(w_first, s * stage_bytes_w);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < kSliceIn; k += 16) {
+      const uint32_t bytes = k * sizeof(__nv_bfloat16);
+      WgmmaOfWidth<kN>(d, Advance(x_slice, bytes), Advance(w_slice, bytes));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (previous >= 0) release(previous);
+    previous = s;
+    s += step;
+    if (s >= stages) {
+      s -= stages;
+      phase ^= 1;
+    }
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  if (previous >= 0) release(previous);
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
   }
 }
 
