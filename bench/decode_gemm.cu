@@ -233,6 +233,29 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
     return;
   }
+  // With kAdd, tiles up to 128 wide load y's sums before the product, while the first slices
+  // arrive, as the engine's o_proj reads h: loaded after it, their round trip came last (about 3
+  // of 1b o_proj's 15 µs at 64 × 64; bench/README.md v42). Wider tiles would spill them.
+  constexpr bool kEarlyAdd = kN <= 128;
+  const int group_row0 = row0 + (kByRows ? consumer * kGroupRows : 0);
+  const int row = group_row0 + 16 * (warp % 4) + lane / 4;
+  float earlier[kEarlyAdd ? kN / 2 : 1];
+  if constexpr (kEarlyAdd) {
+    if (write == Write::kAdd && (kByRows || consumer == 0)) {
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const int column = out0 + 8 * j + 2 * (lane % 4);
+        if (column >= out) break;
+        const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 sums = *reinterpret_cast<const float2*>(top + 8 * half * out);
+          earlier[4 * j + 2 * half] = sums.x;
+          earlier[4 * j + 2 * half + 1] = sums.y;
+        }
+      }
+    }
+  }
   float d[kN / 2] = {};  // The engine's loop (tensor_core_products.cu).
   MultiplySlices<kN>(d, full, stages, x_rows, kXElements * sizeof(bf16), w_tiles,
                      kWElements * sizeof(bf16), first, step, tiles, release);
@@ -252,8 +275,6 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
       for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
     }
   }
-  const int group_row0 = row0 + (kByRows ? consumer * kGroupRows : 0);
-  const int row = group_row0 + 16 * (warp % 4) + lane / 4;
   if constexpr (kN % 16 == 0) {  // So that the tile's channels start 16-byte aligned.
     if (write == Write::kSwiGlu) {
       // The activation tile is staged in shared memory (w's stages, all used by now), then written
@@ -287,18 +308,27 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     }
   }
   if (write == Write::kAdd) {
-    // Every sum y holds is loaded before any is stored: one round trip to L2, not one a pair of
-    // outputs (the compiler keeps each load after the stores before it, which may alias it).
+    if constexpr (kEarlyAdd) {
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const int column = out0 + 8 * j + 2 * (lane % 4);
-      if (column >= out) break;
-      const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
+      for (int j = 0; j < kN / 8; ++j) {
+        if (out0 + 8 * j + 2 * (lane % 4) >= out) break;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float2 earlier = *reinterpret_cast<const float2*>(top + 8 * half * out);
-        d[4 * j + 2 * half] += earlier.x;
-        d[4 * j + 2 * half + 1] += earlier.y;
+        for (int i = 4 * j; i < 4 * j + 4; ++i) d[i] += earlier[i];
+      }
+    } else {
+      // Every sum y holds is loaded before any is stored: one round trip to L2, not one a pair
+      // of outputs (the compiler keeps each load after the stores before it, which may alias it).
+#pragma unroll
+      for (int j = 0; j < kN / 8; ++j) {
+        const int column = out0 + 8 * j + 2 * (lane % 4);
+        if (column >= out) break;
+        const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float2 earlier = *reinterpret_cast<const float2*>(top + 8 * half * out);
+          d[4 * j + 2 * half] += earlier.x;
+          d[4 * j + 2 * half + 1] += earlier.y;
+        }
       }
     }
     write = Write::kStore;
