@@ -239,21 +239,26 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   constexpr bool kEarlyAdd = kN <= 128;
   const int group_row0 = row0 + (kByRows ? consumer * kGroupRows : 0);
   const int row = group_row0 + 16 * (warp % 4) + lane / 4;
+  // f(i, y's sums for d[i] and d[i + 1]) for each pair of this thread's sums inside y.
+  auto read_sums = [&](auto f) {
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const int column = out0 + 8 * j + 2 * (lane % 4);
+      if (column >= out) break;
+      const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        f(4 * j + 2 * half, *reinterpret_cast<const float2*>(top + 8 * half * out));
+      }
+    }
+  };
   float earlier[kEarlyAdd ? kN / 2 : 1];
   if constexpr (kEarlyAdd) {
     if (write == Write::kAdd && (kByRows || consumer == 0)) {
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        const int column = out0 + 8 * j + 2 * (lane % 4);
-        if (column >= out) break;
-        const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 sums = *reinterpret_cast<const float2*>(top + 8 * half * out);
-          earlier[4 * j + 2 * half] = sums.x;
-          earlier[4 * j + 2 * half + 1] = sums.y;
-        }
-      }
+      read_sums([&](int i, float2 sums) {
+        earlier[i] = sums.x;
+        earlier[i + 1] = sums.y;
+      });
     }
   }
   float d[kN / 2] = {};  // The engine's loop (tensor_core_products.cu).
@@ -318,18 +323,10 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
     } else {
       // Every sum y holds is loaded before any is stored: one round trip to L2, not one a pair
       // of outputs (the compiler keeps each load after the stores before it, which may alias it).
-#pragma unroll
-      for (int j = 0; j < kN / 8; ++j) {
-        const int column = out0 + 8 * j + 2 * (lane % 4);
-        if (column >= out) break;
-        const float* top = static_cast<const float*>(y) + static_cast<int64_t>(row) * out + column;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float2 earlier = *reinterpret_cast<const float2*>(top + 8 * half * out);
-          d[4 * j + 2 * half] += earlier.x;
-          d[4 * j + 2 * half + 1] += earlier.y;
-        }
-      }
+      read_sums([&](int i, float2 sums) {
+        d[i] += sums.x;
+        d[i + 1] += sums.y;
+      });
     }
     write = Write::kStore;
   }
