@@ -29,6 +29,7 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "bench/product_inputs.h"
 
 namespace {
 
@@ -161,22 +162,15 @@ int main(int argc, char** argv) {
                   21));
 
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (const Product& p : products) {
     if (!only.empty() && only != std::string(p.preset) + "/" + p.name) continue;
-    std::vector<bf16> host_x(static_cast<size_t>(rows) * p.in), host_w(size_t{1} * p.out * p.in);
-    for (bf16& e : host_x) e = __float2bfloat16(uniform(rng));
-    for (bf16& e : host_w) e = __float2bfloat16(uniform(rng));
+    const ProductInputs inputs = UploadProductInputs(rows, p.in, p.out, rng);
+    const bf16 *x = inputs.x, *w = inputs.w;
     const size_t y_count = static_cast<size_t>(rows) * p.out;
-    bf16 *x, *w;
     float *y, *y_first;
-    CHECK_CUDA(cudaMalloc(&x, host_x.size() * sizeof(bf16)));
-    CHECK_CUDA(cudaMalloc(&w, host_w.size() * sizeof(bf16)));
     CHECK_CUDA(cudaMalloc(&y, y_count * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&y_first, y_count * sizeof(float)));
     CHECK_CUDA(cudaMemset(y, 0, y_count * sizeof(float)));
-    CHECK_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
     const LtPlan plan = PlanLt(handle, rows, p.in, p.out, workspace_bytes);
     // The products that add run with beta = 1 into y as it stands; the check compares y = x · wᵀ
     // (beta 0) of each configuration with the heuristic's.
@@ -333,8 +327,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     CHECK_CUDA(cudaFree(y_first));
     CHECK_CUDA(cudaFree(y));
-    CHECK_CUDA(cudaFree(w));
-    CHECK_CUDA(cudaFree(x));
+    FreeProductInputs(inputs);
     DestroyLt(plan);
   }
   return 0;

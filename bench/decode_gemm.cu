@@ -40,6 +40,7 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "bench/product_inputs.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -382,14 +383,6 @@ double MedianMs(Flush flush, Run run) {
   return times[times.size() / 2];
 }
 
-// Normal values of standard deviation `scale`.
-std::vector<bf16> RandomBf16(size_t n, float scale, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<bf16> v(n);
-  for (bf16& e : v) e = __float2bfloat16(normal(rng));
-  return v;
-}
-
 void Report(const Product& p, const char* variant, double ms, double max_relative_diff,
             int splits) {
   const double flops = 2.0 * p.rows * p.in * p.out;
@@ -619,21 +612,12 @@ int main(int argc, char** argv) {
 
   for (const Product& p : products) {
     if (!only.empty() && only != std::string(p.preset) + "/" + p.name) continue;
-    // Sums of order one, as a model's are (its inputs normalized, its weights of deviation about
-    // 1/√in). With unit weights, 1b's sums have a deviation of 45, and one gate in 40 is below
-    // −88, where expf(−gate) overflows and the SwiGLU's division takes its slow path.
-    const std::vector<bf16> host_x = RandomBf16(static_cast<size_t>(p.rows) * p.in, 1.0f, rng);
-    const std::vector<bf16> host_w = RandomBf16(static_cast<size_t>(p.out) * p.in,
-                                                1.0f / std::sqrt(static_cast<float>(p.in)), rng);
+    const ProductInputs inputs = UploadProductInputs(p.rows, p.in, p.out, rng);
+    const bf16 *x = inputs.x, *w = inputs.w;
     const size_t y_count = static_cast<size_t>(p.rows) * p.out;
-    bf16 *x, *w;
     float *y_lt, *y_ours;
-    CHECK_CUDA(cudaMalloc(&x, host_x.size() * sizeof(bf16)));
-    CHECK_CUDA(cudaMalloc(&w, host_w.size() * sizeof(bf16)));
     CHECK_CUDA(cudaMalloc(&y_lt, y_count * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&y_ours, y_count * sizeof(float)));
-    CHECK_CUDA(cudaMemcpy(x, host_x.data(), host_x.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(w, host_w.data(), host_w.size() * sizeof(bf16), cudaMemcpyHostToDevice));
 
     const LtPlan plan = PlanLt(handle, p.rows, p.in, p.out, workspace_bytes);
     const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
@@ -706,8 +690,7 @@ int main(int argc, char** argv) {
     }
 
     DestroyLt(plan);
-    CHECK_CUDA(cudaFree(x));
-    CHECK_CUDA(cudaFree(w));
+    FreeProductInputs(inputs);
     CHECK_CUDA(cudaFree(y_lt));
     CHECK_CUDA(cudaFree(y_ours));
   }
