@@ -249,9 +249,6 @@ struct FeedForwardEntry {
   void* activation;
 
   static int SquareTiles(int D);
-  // Whether a step of `rows` rows fills the GPU as the tiles were measured to: 64–256 rows, or on
-  // models wider than 1,024 (1b's tiles: gate_up's take 128 rows) 129–256.
-  static bool SizedFor(int D, int64_t rows);
   cudaError_t Run(int rows, cudaStream_t stream) const;
 };
 bool TensorCoreProductsAvailable(int D, int I);

@@ -4,13 +4,11 @@
 // work that otherwise takes two kernels of its own (the RMSNorm before gate_up and the SwiGLU
 // after it).
 //
-// A block computes a tile of outputs, kN wide. One producer warp keeps up to `stages` 64-wide
+// A block computes a 64 × kN tile of outputs. One producer warp keeps up to `stages` 64-wide
 // slices of K of x and w in flight into shared memory (TMA, 128-byte swizzled, as wgmma's
-// descriptors read them); kConsumers warpgroups each keep one slice's wgmmas in flight while they
-// issue the next. Either they take the slices in turn for one 64-row tile and add their sums at
-// the end, or (kByRows) each takes 64 rows of a 128-row tile, so that every slice of w serves
-// them all. Tiles are sized for 256-row decode steps (bench/README.md v14, v27, v43:
-// kProjectionTile and the others below).
+// descriptors read them); kConsumers warpgroups take the slices in turn, each keeping one slice's
+// wgmmas in flight while it issues the next, and add their sums at the end. Tiles are sized for
+// 256-row decode steps (bench/README.md v14, v27: kProjectionTile and the others below).
 //
 // wgmma is an sm_90a instruction: this file is built for that target alone (kernels/CMakeLists.txt)
 // and TensorCoreProductsAvailable() tells whether the device runs it.
@@ -30,15 +28,9 @@ namespace {
 namespace ptx = ::cuda::ptx;
 using bf16 = __nv_bfloat16;
 
-// kGroupRows: a warpgroup's wgmma rows. kMaxStages: slices in flight at most (the size of the
-// stages' barrier arrays).
-constexpr int kGroupRows = 64, kMaxStages = 16;
-// A block's threads and rows: its consumers and the producer warp; a warpgroup's rows, or with
-// kByRows each consumer's.
-__host__ __device__ constexpr int Threads(int consumers) { return 128 * consumers + 32; }
-__host__ __device__ constexpr int TileRows(int consumers, bool by_rows) {
-  return by_rows ? kGroupRows * consumers : kGroupRows;
-}
+// kMaxStages: slices in flight at most (the size of the stages' barrier arrays).
+constexpr int kTileRows = 64, kMaxStages = 16, kConsumers = 2;
+constexpr int kThreads = 128 * kConsumers + 32;
 // Output tiles, sized so that a product's blocks leave about a quarter of the SMs or more to the
 // kernel after it, whose blocks start there while the product runs (bench/README.md v27):
 // - o_proj's narrow: its D outputs are few (125m: 24 × 4 blocks at 256 rows), and gate_up's
@@ -48,16 +40,9 @@ __host__ __device__ constexpr int TileRows(int consumers, bool by_rows) {
 //   at 128, the TTT kernel after it streaming its state beside them.
 constexpr int kProjectionTile = 32, kGateUpTile = 128;
 constexpr int kStoreTile = 96, kStoreTileFewRows = 72;  // The latter up to 128 rows.
-// The feed-forward's entry on models wider than kNarrowEntryMaxWidth (1b: D = 2,048, 2I =
-// 11,008), each product one wave at 256 rows with K whole: o_proj 29 × 4 blocks of 64 × 72, and
-// gate_up 58 × 2 of 128 × 192 (kByRows: 64-row tiles would take 5 waves of 128 wide, or tiles
-// wider than wgmma's 256).
-constexpr int kNarrowEntryMaxWidth = 1024;
-constexpr int kWideProjectionTile = 72, kWideProjectionConsumers = 2, kWideGateUpTile = 192;
 constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
 
-// The consumers' named barriers (0 is __syncthreads'): all of them, then each one's alone (from
-// kFirstConsumerBarrier on).
+// The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
 constexpr int kAllConsumersBarrier = 1, kFirstConsumerBarrier = 2;
 
 enum class Epilogue { kStore, kOutputProjection, kGateUpSwiGlu };
@@ -106,9 +91,8 @@ __device__ __forceinline__ void StoreSums(const float* d, int top, int out0,
 // o_proj's epilogue reads h where this thread's sums go (as wgmma's accumulator layout places
 // them: for each group j of 8 outputs and each half, rows `top` and `top` + 8), all before the
 // product, so that the epilogue waits on no load.
-template <int kN>
 struct ProjectionRows {
-  static constexpr int kGroups = kN / 8;
+  static constexpr int kGroups = kProjectionTile / 8;
   float2 h[kGroups][2];
 };
 
@@ -116,13 +100,12 @@ __device__ __forceinline__ bool InOutputProjection(int column, int row, const Ep
   return column < e.out && row < e.rows;
 }
 
-template <int kN>
-__device__ __forceinline__ ProjectionRows<kN> LoadProjectionRows(int top, int out0,
-                                                                 const EpilogueArgs& e) {
+__device__ __forceinline__ ProjectionRows LoadProjectionRows(int top, int out0,
+                                                             const EpilogueArgs& e) {
   const int lane = threadIdx.x % kWarp;
-  ProjectionRows<kN> rows;
+  ProjectionRows rows;
 #pragma unroll
-  for (int j = 0; j < ProjectionRows<kN>::kGroups; ++j) {
+  for (int j = 0; j < ProjectionRows::kGroups; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -138,14 +121,13 @@ __device__ __forceinline__ ProjectionRows<kN> LoadProjectionRows(int top, int ou
 
 // o_proj's epilogue: h += the sums; the norm's input h ⊙ norm_weight in bf16; each row's sum of
 // squares of h over this tile's columns (the norm's 1/rms is taken from them in gate_up's).
-template <int kN>
 __device__ __forceinline__ void WriteOutputProjection(const float* d, int top, int out0,
-                                                      const ProjectionRows<kN>& before,
+                                                      const ProjectionRows& before,
                                                       const EpilogueArgs& e) {
   const int lane = threadIdx.x % kWarp;
   float squares[2] = {0, 0};
 #pragma unroll
-  for (int j = 0; j < ProjectionRows<kN>::kGroups; ++j) {
+  for (int j = 0; j < ProjectionRows::kGroups; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
     const float2 gain = column < e.out ? *reinterpret_cast<const float2*>(e.norm_weight + column)
                                        : make_float2(0, 0);
@@ -174,21 +156,18 @@ __device__ __forceinline__ void WriteOutputProjection(const float* d, int top, i
   }
 }
 
-// gate_up's epilogue, for a consumer's 64 rows from group_row0 (`inv_rms` holds their 1/rms):
-// the sums times the row's 1/rms, then silu(gate) · up of each (gate, up) output pair, staged in
-// shared memory (`staged`, 64 × kN / 2) and written 16 bytes a thread (from the sums' layout a
-// row's 2-byte pieces would be 8 bytes apart).
-template <int kN>
-__device__ __forceinline__ void WriteGateUpSwiGlu(const float* d, int top, int group_row0, int out0,
+// gate_up's epilogue: the sums times the row's 1/rms, then silu(gate) · up of each (gate, up)
+// output pair, staged in shared memory (`staged`, 64 × kGateUpTile / 2) and written 16 bytes a
+// thread (from the sums' layout a row's 2-byte pieces would be 8 bytes apart).
+__device__ __forceinline__ void WriteGateUpSwiGlu(const float* d, int top, int row0, int out0,
                                                   const float* inv_rms, bf16* staged,
                                                   const EpilogueArgs& e) {
-  static_assert(kN % 16 == 0, "a tile's channels start 16-byte aligned");
-  constexpr int kChannels = kN / 2;
+  constexpr int kChannels = kGateUpTile / 2;
   const int lane = threadIdx.x % kWarp;
-  const int local = top - group_row0;
+  const int local = top - row0;
   const float scale[2] = {inv_rms[local], inv_rms[local + 8]};
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
+  for (int j = 0; j < kGateUpTile / 8; ++j) {
     const int channel = 4 * j + lane % 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -196,42 +175,38 @@ __device__ __forceinline__ void WriteGateUpSwiGlu(const float* d, int top, int g
           Swish(scale[half] * d[4 * j + 2 * half], scale[half] * d[4 * j + 2 * half + 1]));
     }
   }
-  const int consumer = threadIdx.x / 128;
-  asm volatile("bar.sync %0, 128;" ::"r"(kFirstConsumerBarrier + consumer) : "memory");
+  asm volatile("bar.sync %0, 128;" ::"n"(kFirstConsumerBarrier) : "memory");
   const int width = e.out / 2, channel0 = out0 / 2;
   constexpr int kPieces = kChannels / 8;  // 16-byte pieces of a row.
-  for (int piece = threadIdx.x % 128; piece < kGroupRows * kPieces; piece += 128) {
+  for (int piece = threadIdx.x; piece < kTileRows * kPieces; piece += 128) {
     const int r = piece / kPieces, c = piece % kPieces * 8;
-    if (group_row0 + r >= e.rows || channel0 + c >= width) continue;
-    *reinterpret_cast<uint4*>(e.activation + static_cast<int64_t>(group_row0 + r) * width +
-                              channel0 + c) =
-        *reinterpret_cast<const uint4*>(staged + r * kChannels + c);
+    if (row0 + r >= e.rows || channel0 + c >= width) continue;
+    *reinterpret_cast<uint4*>(e.activation + static_cast<int64_t>(row0 + r) * width + channel0 +
+                              c) = *reinterpret_cast<const uint4*>(staged + r * kChannels + c);
   }
 }
 
-template <int kN, int kConsumers, bool kByRows, Epilogue kEpilogue>
-__global__ void __launch_bounds__(Threads(kConsumers))
+template <int kN, Epilogue kEpilogue>
+__global__ void __launch_bounds__(kThreads)
     TensorCoreProductKernel(const __grid_constant__ CUtensorMap x_map,
                             const __grid_constant__ CUtensorMap w_map, int in, int stages,
                             EpilogueArgs e) {
-  constexpr int kRows = TileRows(kConsumers, kByRows);
-  constexpr int kXElements = kRows * kSliceIn, kWElements = kN * kSliceIn;
+  constexpr int kXElements = kTileRows * kSliceIn, kWElements = kN * kSliceIn;
   constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
   extern __shared__ unsigned char shared[];
   __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  __shared__ float inv_rms[kRows];  // kGateUpSwiGlu: the tile's rows'.
+  __shared__ float inv_rms[kTileRows];  // kGateUpSwiGlu: the tile's rows'.
   // Swizzled tiles start on 1,024-byte boundaries (the launch adds that much room).
   bf16* x_tiles =
       reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
   bf16* w_tiles = x_tiles + stages * kXElements;
-  const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kRows;
+  const int out0 = blockIdx.x * kN, row0 = blockIdx.y * kTileRows;
   const int tiles = (in + kSliceIn - 1) / kSliceIn;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       ptx::mbarrier_init(&full[s], 1);
-      // Lane 0 of each warp of the slice's consumers.
-      ptx::mbarrier_init(&empty[s], kByRows ? 4 * kConsumers : 4);
+      ptx::mbarrier_init(&empty[s], 4);  // Lane 0 of each warp of the slice's consumer.
     }
     ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   }
@@ -272,15 +247,13 @@ __global__ void __launch_bounds__(Threads(kConsumers))
   // kernel has ended.
   WaitForPreviousKernel();
   const int consumer = warp / 4;
-  const int group_row0 = row0 + (kByRows ? consumer * kGroupRows : 0);  // This consumer's rows.
-  const int top = group_row0 + 16 * (warp % 4) + lane / 4;  // This thread's first row of sums.
-  ProjectionRows<kN> before;
+  const int top = row0 + 16 * (warp % 4) + lane / 4;  // This thread's first row of sums.
+  ProjectionRows before;
   if constexpr (kEpilogue == Epilogue::kOutputProjection) {
-    // By the consumers that write: all of them, or the one that adds the others' sums.
-    if (kByRows || consumer == 0) before = LoadProjectionRows<kN>(top, out0, e);
+    if (consumer == 0) before = LoadProjectionRows(top, out0, e);
   } else if constexpr (kEpilogue == Epilogue::kGateUpSwiGlu) {
     // The rows' 1/rms, from o_proj's sums of squares, while the first slices arrive.
-    if (threadIdx.x < kRows) {
+    if (threadIdx.x < kTileRows) {
       const int row = row0 + threadIdx.x;
       float squares = 0;
       if (row < e.rows) {
@@ -293,59 +266,52 @@ __global__ void __launch_bounds__(Threads(kConsumers))
     }
   }
   float d[kN / 2] = {};
-  MultiplySlices<kN>(d, full, stages, x_tiles + (group_row0 - row0) * kSliceIn,
-                     kXElements * sizeof(bf16), w_tiles, kWElements * sizeof(bf16),
-                     kByRows ? 0 : consumer, kByRows ? 1 : kConsumers, tiles, [&](int stage) {
+  MultiplySlices<kN>(d, full, stages, x_tiles, kXElements * sizeof(bf16), w_tiles,
+                     kWElements * sizeof(bf16), consumer, kConsumers, tiles, [&](int stage) {
                        if (lane == 0) ptx::mbarrier_arrive(&empty[stage]);
                      });
-  // Every slice is used: the stages are free for what the epilogues pass through them, and
-  // inv_rms is written.
+  // The other consumers' sums come to the first through x's stages, once every slice is used.
+  float* partial = reinterpret_cast<float*>(x_tiles);
+  const int thread = threadIdx.x % 128;
   asm volatile("bar.sync %0, %1;" ::"n"(kAllConsumersBarrier), "n"(128 * kConsumers) : "memory");
-  if constexpr (!kByRows && kConsumers > 1) {
-    // The other consumers' sums come to the first through x's stages.
-    float* partial = reinterpret_cast<float*>(x_tiles);
-    const int thread = threadIdx.x % 128;
-    if (consumer > 0) {
+  if (consumer > 0) {
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) {
-        partial[((consumer - 1) * kN / 2 + i) * 128 + thread] = d[i];
-      }
-    }
-    asm volatile("bar.sync %0, %1;" ::"n"(kAllConsumersBarrier), "n"(128 * kConsumers) : "memory");
-    if (consumer > 0) return;
-    for (int c = 1; c < kConsumers; ++c) {
+    for (int i = 0; i < kN / 2; ++i) partial[((consumer - 1) * kN / 2 + i) * 128 + thread] = d[i];
+  }
+  asm volatile("bar.sync %0, %1;" ::"n"(kAllConsumersBarrier), "n"(128 * kConsumers) : "memory");
+  if (consumer > 0) return;
+  for (int c = 1; c < kConsumers; ++c) {
 #pragma unroll
-      for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
-    }
+    for (int i = 0; i < kN / 2; ++i) d[i] += partial[((c - 1) * kN / 2 + i) * 128 + thread];
   }
   if constexpr (kEpilogue == Epilogue::kStore) {
     StoreSums<kN>(d, top, out0, e);
   } else if constexpr (kEpilogue == Epilogue::kOutputProjection) {
-    WriteOutputProjection<kN>(d, top, out0, before, e);
+    WriteOutputProjection(d, top, out0, before, e);
   } else {
-    WriteGateUpSwiGlu<kN>(d, top, group_row0, out0, inv_rms + (group_row0 - row0),
-                          w_tiles + (group_row0 - row0) * kN / 2, e);
+    WriteGateUpSwiGlu(d, top, row0, out0, inv_rms, w_tiles, e);
   }
 }
 
 // The slices a kernel of tile width kN keeps in flight for `in` inputs: all of K where it fits (up
-// to kMaxStages), and, taking K's slices in turn, enough for the other consumers' sums to pass
-// through x's stages.
-template <int kN, int kConsumers, bool kByRows>
+// to kMaxStages), and enough for the other consumers' sums to pass through x's stages.
+template <int kN>
 int Stages(int in) {
-  constexpr size_t kXStageBytes = sizeof(bf16) * TileRows(kConsumers, kByRows) * kSliceIn;
-  constexpr size_t kStageBytes = kXStageBytes + sizeof(bf16) * kN * kSliceIn;
-  constexpr size_t kPartialBytes = kByRows ? 0 : sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
+  constexpr size_t kStageBytes = sizeof(bf16) * (kTileRows + kN) * kSliceIn;
+  // The other consumers' sums pass through x's stages.
+  constexpr size_t kPartialBytes = sizeof(float) * (kConsumers - 1) * kN / 2 * 128;
   const int tiles = (in + kSliceIn - 1) / kSliceIn;
   const int fit = static_cast<int>(kSharedLimit / kStageBytes);
-  const int for_partials = static_cast<int>((kPartialBytes + kXStageBytes - 1) / kXStageBytes);
+  const int for_partials =
+      static_cast<int>((kPartialBytes + sizeof(bf16) * kTileRows * kSliceIn - 1) /
+                       (sizeof(bf16) * kTileRows * kSliceIn));
   return std::max(std::min({kMaxStages, tiles, fit}), for_partials);
 }
 
 // Its dynamic shared memory: the stages, and room to align them to 1,024 bytes.
-template <int kN, int kConsumers, bool kByRows>
+template <int kN>
 size_t SharedBytes(int stages) {
-  return stages * sizeof(bf16) * (TileRows(kConsumers, kByRows) + kN) * kSliceIn + 1024;
+  return stages * sizeof(bf16) * (kTileRows + kN) * kSliceIn + 1024;
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
@@ -363,75 +329,29 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-template <int kN, int kConsumers, bool kByRows, Epilogue kEpilogue>
+template <int kN, Epilogue kEpilogue>
 cudaError_t LaunchProduct(const bf16* x, int rows, int in, const bf16* w, int out,
                           const EpilogueArgs& e, cudaStream_t stream) {
-  constexpr int kRows = TileRows(kConsumers, kByRows);
   CUtensorMap x_map, w_map;
-  if (cudaError_t error = SwizzledTileMap(x, rows, in, kRows, &x_map); error != cudaSuccess) {
+  if (cudaError_t error = SwizzledTileMap(x, rows, in, kTileRows, &x_map); error != cudaSuccess) {
     return error;
   }
   if (cudaError_t error = SwizzledTileMap(w, out, in, kN, &w_map); error != cudaSuccess)
     return error;
-  const int stages = Stages<kN, kConsumers, kByRows>(in);
-  const dim3 grid((out + kN - 1) / kN, (rows + kRows - 1) / kRows);
-  return Launch(TensorCoreProductKernel<kN, kConsumers, kByRows, kEpilogue>, grid,
-                Threads(kConsumers), SharedBytes<kN, kConsumers, kByRows>(stages), stream, x_map,
-                w_map, in, stages, e);
+  const int stages = Stages<kN>(in);
+  const dim3 grid((out + kN - 1) / kN, (rows + kTileRows - 1) / kTileRows);
+  return Launch(TensorCoreProductKernel<kN, kEpilogue>, grid, kThreads, SharedBytes<kN>(stages),
+                stream, x_map, w_map, in, stages, e);
 }
 
 // Lets the kernel have the shared memory it takes at any K.
-template <int kN, int kConsumers, bool kByRows, Epilogue kEpilogue>
+template <int kN, Epilogue kEpilogue>
 cudaError_t AllowSharedMemory() {
   constexpr int kWidestK = kMaxStages * kSliceIn;
-  return cudaFuncSetAttribute(TensorCoreProductKernel<kN, kConsumers, kByRows, kEpilogue>,
+  return cudaFuncSetAttribute(TensorCoreProductKernel<kN, kEpilogue>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(SharedBytes<kN, kConsumers, kByRows>(
-                                  Stages<kN, kConsumers, kByRows>(kWidestK))));
+                              static_cast<int>(SharedBytes<kN>(Stages<kN>(kWidestK))));
 }
-
-// The feed-forward's entry: o_proj in tiles kProjection wide with kProjectionConsumers taking K's
-// slices in turn, gate_up in tiles kGateUp wide with two consumers, taking rows with
-// kGateUpByRows.
-template <int kProjection, int kProjectionConsumers, int kGateUp, bool kGateUpByRows>
-struct EntryForm {
-  static int SquareTiles(int D) { return (D + kProjection - 1) / kProjection; }
-
-  static cudaError_t Allow() {
-    if (cudaError_t error = AllowSharedMemory<kProjection, kProjectionConsumers, false,
-                                              Epilogue::kOutputProjection>();
-        error != cudaSuccess) {
-      return error;
-    }
-    return AllowSharedMemory<kGateUp, 2, kGateUpByRows, Epilogue::kGateUpSwiGlu>();
-  }
-
-  static cudaError_t Run(const FeedForwardEntry& entry, int rows, cudaStream_t stream) {
-    EpilogueArgs e{.rows = rows,
-                   .out = entry.D,
-                   .D = entry.D,
-                   .h = entry.h,
-                   .norm_weight = entry.ffn_norm_weight,
-                   .normed = static_cast<bf16*>(entry.normed),
-                   .row_squares = entry.row_squares,
-                   .square_tiles = SquareTiles(entry.D),
-                   .row_stride = entry.row_stride,
-                   .eps = entry.eps,
-                   .activation = static_cast<bf16*>(entry.activation)};
-    if (cudaError_t error =
-            LaunchProduct<kProjection, kProjectionConsumers, false, Epilogue::kOutputProjection>(
-                static_cast<const bf16*>(entry.post_norm_rows), rows, entry.D,
-                static_cast<const bf16*>(entry.o_proj), entry.D, e, stream);
-        error != cudaSuccess) {
-      return error;
-    }
-    e.out = 2 * entry.I;
-    return LaunchProduct<kGateUp, 2, kGateUpByRows, Epilogue::kGateUpSwiGlu>(
-        e.normed, rows, entry.D, static_cast<const bf16*>(entry.gate_up), 2 * entry.I, e, stream);
-  }
-};
-using NarrowEntry = EntryForm<kProjectionTile, 2, kGateUpTile, false>;
-using WideEntry = EntryForm<kWideProjectionTile, kWideProjectionConsumers, kWideGateUpTile, true>;
 
 }  // namespace
 
@@ -451,9 +371,10 @@ cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, 
 bool TensorCoreProductsAvailable(int D, int I) {
   if (D % 8 != 0 || I % 8 != 0 || TensorMapEncoder() == nullptr) return false;
   // Loads the sm_90a image: an error on any other GPU.
-  if (AllowSharedMemory<kStoreTile, 2, false, Epilogue::kStore>() != cudaSuccess ||
-      AllowSharedMemory<kStoreTileFewRows, 2, false, Epilogue::kStore>() != cudaSuccess ||
-      NarrowEntry::Allow() != cudaSuccess || WideEntry::Allow() != cudaSuccess) {
+  if (AllowSharedMemory<kStoreTile, Epilogue::kStore>() != cudaSuccess ||
+      AllowSharedMemory<kStoreTileFewRows, Epilogue::kStore>() != cudaSuccess ||
+      AllowSharedMemory<kProjectionTile, Epilogue::kOutputProjection>() != cudaSuccess ||
+      AllowSharedMemory<kGateUpTile, Epilogue::kGateUpSwiGlu>() != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
@@ -467,29 +388,39 @@ cudaError_t TensorCoreProduct(const void* x, int rows, int in, const void* w, in
   const EpilogueArgs e{.rows = rows, .out = out, .y = y, .ld = ld};
   const auto* x_rows = static_cast<const bf16*>(x);
   const auto* weights = static_cast<const bf16*>(w);
-  return rows <= 2 * kGroupRows ? LaunchProduct<kStoreTileFewRows, 2, false, Epilogue::kStore>(
-                                      x_rows, rows, in, weights, out, e, stream)
-                                : LaunchProduct<kStoreTile, 2, false, Epilogue::kStore>(
-                                      x_rows, rows, in, weights, out, e, stream);
+  return rows <= 2 * kTileRows ? LaunchProduct<kStoreTileFewRows, Epilogue::kStore>(
+                                     x_rows, rows, in, weights, out, e, stream)
+                               : LaunchProduct<kStoreTile, Epilogue::kStore>(x_rows, rows, in,
+                                                                             weights, out, e,
+                                                                             stream);
 }
 
-int FeedForwardEntry::SquareTiles(int D) {
-  return D > kNarrowEntryMaxWidth ? WideEntry::SquareTiles(D) : NarrowEntry::SquareTiles(D);
-}
-
-bool FeedForwardEntry::SizedFor(int D, int64_t rows) {
-  // At 256 rows each product is one wave; at 512 two (bench/README.md v26). Fewer than 64 rows
-  // were not measured; the wide form at one 128-row tile of gate_up would leave half of its
-  // blocks' rows empty.
-  const int fewest = D > kNarrowEntryMaxWidth ? TileRows(2, true) + 1 : kGroupRows;
-  return rows >= fewest && rows <= 256;
-}
+int FeedForwardEntry::SquareTiles(int D) { return (D + kProjectionTile - 1) / kProjectionTile; }
 
 cudaError_t FeedForwardEntry::Run(int rows, cudaStream_t stream) const {
   if (rows == 0) return cudaSuccess;
   if (rows > row_stride) return cudaErrorInvalidValue;
-  return D > kNarrowEntryMaxWidth ? WideEntry::Run(*this, rows, stream)
-                                  : NarrowEntry::Run(*this, rows, stream);
+  const auto* gated_rows = static_cast<const bf16*>(post_norm_rows);
+  EpilogueArgs e{.rows = rows,
+                 .out = D,
+                 .D = D,
+                 .h = h,
+                 .norm_weight = ffn_norm_weight,
+                 .normed = static_cast<bf16*>(normed),
+                 .row_squares = row_squares,
+                 .square_tiles = SquareTiles(D),
+                 .row_stride = row_stride,
+                 .eps = eps,
+                 .activation = static_cast<bf16*>(activation)};
+  if (cudaError_t error = LaunchProduct<kProjectionTile, Epilogue::kOutputProjection>(
+          gated_rows, rows, D, static_cast<const bf16*>(o_proj), D, e, stream);
+      error != cudaSuccess) {
+    return error;
+  }
+  e.out = 2 * I;
+  return LaunchProduct<kGateUpTile, Epilogue::kGateUpSwiGlu>(static_cast<const bf16*>(normed), rows,
+                                                             D, static_cast<const bf16*>(gate_up),
+                                                             2 * I, e, stream);
 }
 
 }  // namespace ttt::kernels::cuda

@@ -230,23 +230,17 @@ class CudaEngine : public Engine {
   static bool OneTokenEach(int64_t rows, int64_t num_segments, int64_t decode_segments) {
     return rows == num_segments && decode_segments == num_segments;
   }
-  // Whether a step of `rows` rows takes our tensor-core products: cu::TensorCoreProduct for
-  // in_proj, cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU. Other steps take
-  // cuBLASLt's products and the row kernels.
-  // - in_proj: at 64–256 rows, on models no wider than kTensorCoreInputProjectionMaxWidth. The
-  //   kernel's tiles are sized for 256 rows; at 512 its blocks take two waves (bench/README.md
-  //   v27), and fewer than 64 rows were not measured. At 1b cuBLASLt's is faster (v42).
-  // - The entry: at the rows its tiles are sized for (cu::FeedForwardEntry::SizedFor).
-  bool TensorCoreInputProjection(int64_t rows) const {
-    return tensor_core_products_ &&
-           model_->config.hidden_size <= kTensorCoreInputProjectionMaxWidth && rows >= 64 &&
-           rows <= 256;
+  // Whether a step of `rows` rows takes our tensor-core products (cu::TensorCoreProduct for
+  // in_proj; cu::FeedForwardEntry for o_proj, its norm, gate_up and SwiGLU): at 64–256 rows, on
+  // models no wider than kTensorCoreProductsMaxWidth. The kernels' tiles are sized for 256 rows;
+  // at 512 their blocks take two waves (bench/README.md v26, v27), and fewer than 64 rows were not
+  // measured with them. Other steps take cuBLASLt's products and the row kernels.
+  bool TensorCoreProducts(int64_t rows) const {
+    return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
-  bool TensorCoreFeedForwardEntry(int64_t rows) const {
-    return tensor_core_products_ && cu::FeedForwardEntry::SizedFor(
-                                        static_cast<int>(model_->config.hidden_size), rows);
-  }
-  static constexpr int kTensorCoreInputProjectionMaxWidth = 1024;
+  // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
+  // v14, v26), so wider models keep cuBLASLt's.
+  static constexpr int kTensorCoreProductsMaxWidth = 1024;
   // The TTT layer's parts as its kernels take them.
   cu::TttProjectionInputs TttInputs(int64_t layer) const;
   cu::TttScanParams TttParams(int64_t layer) const;
@@ -365,6 +359,7 @@ absl::Status CudaEngine::Initialize() {
                        CudaGemm::Create(options_.precision == WeightPrecision::kBFloat16, stream_));
   TTT_RETURN_IF_ERROR(UploadWeights());
   tensor_core_products_ = options_.precision == WeightPrecision::kBFloat16 &&
+                          c.hidden_size <= kTensorCoreProductsMaxWidth &&
                           cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
 
   w1_split_ =
@@ -1207,7 +1202,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
-  if (TensorCoreInputProjection(rows)) {
+  if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
   } else {
@@ -1268,7 +1263,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                    .eps = kLayerNormEps,
                                    .gate = c.use_gate ? proj + columns_.g : nullptr,
                                    .gate_ld = columns_.ld};
-  if (TensorCoreFeedForwardEntry(rows)) {
+  if (TensorCoreProducts(rows)) {
     // o_proj, then the SwiGLU feed-forward's norm and gate_up, in two kernels.
     TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
     const cu::FeedForwardEntry entry{.D = D,
