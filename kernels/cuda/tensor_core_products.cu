@@ -40,7 +40,7 @@ constexpr int kThreads = 128 * kConsumers + 32;
 //   at 128, the TTT kernel after it streaming its state beside them.
 constexpr int kProjectionTile = 32, kGateUpTile = 128;
 constexpr int kStoreTile = 96, kStoreTileFewRows = 72;  // The latter up to 128 rows.
-constexpr size_t kSharedLimit = 227 * 1024 - 1024;  // Less the room to align the stages.
+constexpr size_t kSharedLimit = 227 * 1024 - 1024;      // Less the room to align the stages.
 
 // The consumers' named barriers (0 is __syncthreads'): all of them, then consumer 0's alone.
 constexpr int kAllConsumersBarrier = 1, kFirstConsumerBarrier = 2;
@@ -390,9 +390,8 @@ cudaError_t TensorCoreProduct(const void* x, int rows, int in, const void* w, in
   const auto* weights = static_cast<const bf16*>(w);
   return rows <= 2 * kTileRows ? LaunchProduct<kStoreTileFewRows, Epilogue::kStore>(
                                      x_rows, rows, in, weights, out, e, stream)
-                               : LaunchProduct<kStoreTile, Epilogue::kStore>(x_rows, rows, in,
-                                                                             weights, out, e,
-                                                                             stream);
+                               : LaunchProduct<kStoreTile, Epilogue::kStore>(
+                                     x_rows, rows, in, weights, out, e, stream);
 }
 
 int FeedForwardEntry::SquareTiles(int D) { return (D + kProjectionTile - 1) / kProjectionTile; }
