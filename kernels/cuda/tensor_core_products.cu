@@ -89,11 +89,13 @@ __device__ __forceinline__ void StoreSums(const float* d, int top, int out0,
 }
 
 // o_proj's epilogue reads h where this thread's sums go (as wgmma's accumulator layout places
-// them: for each group j of 8 outputs and each half, rows `top` and `top` + 8), all before the
-// product, so that the epilogue waits on no load.
+// them: for each group j of 8 outputs and each half, rows `top` and `top` + 8) and those
+// columns' norm weights, all before the product, so that the epilogue waits on no load. (Loaded
+// in the epilogue, each group's weights would wait for the stores before them, which may alias.)
 struct ProjectionRows {
   static constexpr int kGroups = kProjectionTile / 8;
   float2 h[kGroups][2];
+  float2 gain[kGroups];
 };
 
 __device__ __forceinline__ bool InOutputProjection(int column, int row, const EpilogueArgs& e) {
@@ -107,6 +109,8 @@ __device__ __forceinline__ ProjectionRows LoadProjectionRows(int top, int out0,
 #pragma unroll
   for (int j = 0; j < ProjectionRows::kGroups; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
+    rows.gain[j] = column < e.out ? *reinterpret_cast<const float2*>(e.norm_weight + column)
+                                  : make_float2(0, 0);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = top + 8 * half;
@@ -129,8 +133,7 @@ __device__ __forceinline__ void WriteOutputProjection(const float* d, int top, i
 #pragma unroll
   for (int j = 0; j < ProjectionRows::kGroups; ++j) {
     const int column = out0 + 8 * j + 2 * (lane % 4);
-    const float2 gain = column < e.out ? *reinterpret_cast<const float2*>(e.norm_weight + column)
-                                       : make_float2(0, 0);
+    const float2 gain = before.gain[j];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = top + 8 * half;
