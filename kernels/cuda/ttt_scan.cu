@@ -333,30 +333,60 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
     while (item < num_items && segments[item / p.nh].count == 0) item += gridDim.x;
     return item;
   };
-  auto state_of = [&](int item) { return SequenceState(state, segments[item / p.nh].slot); };
-  auto copy_w1 = [&](int item) {
+  auto segment_of = [&](int item) { return item < num_items ? segments[item / p.nh] : Segment{}; };
+  // Starts copying W1 for `item`, whose segment segment() gives.
+  auto copy_w1 = [&](int item, auto segment) {
     if (item < num_items) {
-      const bool commits = WindowPosition(segments[item / p.nh], p.K) == p.K - 1;
-      CopyW1Async<kF, kSplit>(state_of(item), off, p.nh, item % p.nh, commits, w1);
+      const bool commits = WindowPosition(segment(), p.K) == p.K - 1;
+      CopyW1Async<kF, kSplit>(SequenceState(state, segment().slot), off, p.nh, item % p.nh, commits,
+                              w1);
     }
     __pipeline_commit();
   };
+  auto commit = [&](const DecodeWindow& window, float4 bias) {
+    CommitWindow<kF, kSplit>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
+  };
 
   // The first item's W1 (state this kernel alone writes) is on its way before the previous
-  // kernel, which writes the projection, ends.
+  // kernel, which writes the projection, ends. The loop over the items comes in two forms.
   int item = next_live(blockIdx.x);
-  copy_w1(item);
-  WaitForPreviousKernel();
-  while (item < num_items) {
-    const int next = next_live(item + gridDim.x);
-    WindowRows<kF> rows;
-    DecodeLinearToken<kF, kTaps, kSplit>(
-        p, in, segments[item / p.nh], item % p.nh, state_of(item), off, w1, out_all, rows,
-        [&](const DecodeWindow& window, float4 bias) {
-          CommitWindow<kF, kSplit>(p, window, w1, bias, /*warp=*/0, /*warps=*/1);
-        },
-        [&] { copy_w1(next); });
-    item = next;
+  if constexpr (kWarpsPerSm < kMostDecodeWarpsPerSm) {
+    // With the roomier register budget, the next item's segment is asked for as an item starts
+    // and first used where the item releases its W1 copy. Waited for at the loop's top, it put a
+    // round trip to L2 before every item (bench/README.md v45).
+    Segment seg = segment_of(item);
+    copy_w1(item, [&] { return seg; });
+    WaitForPreviousKernel();
+    while (item < num_items) {
+      int next = item + gridDim.x;
+      Segment next_seg = segment_of(next);
+      WindowRows<kF> rows;
+      DecodeLinearToken<kF, kTaps, kSplit>(
+          p, in, seg, item % p.nh, SequenceState(state, seg.slot), off, w1, out_all, rows, commit,
+          [&] {
+            if (next < num_items && next_seg.count == 0) {  // A batch bucket's padding.
+              next = next_live(next);
+              next_seg = segment_of(next);
+            }
+            copy_w1(next, [&] { return next_seg; });
+          });
+      item = next;
+      seg = next_seg;
+    }
+  } else {
+    // At 128 registers (13 warps an SM) the next segment held across an item spilled 20 bytes,
+    // and 125m's steps were slower (v45), so this form waits for it at the loop's top.
+    copy_w1(item, [&] { return segments[item / p.nh]; });
+    WaitForPreviousKernel();
+    while (item < num_items) {
+      const int next = next_live(item + gridDim.x);
+      WindowRows<kF> rows;
+      DecodeLinearToken<kF, kTaps, kSplit>(
+          p, in, segments[item / p.nh], item % p.nh,
+          SequenceState(state, segments[item / p.nh].slot), off, w1, out_all, rows, commit,
+          [&] { copy_w1(next, [&] { return segments[next / p.nh]; }); });
+      item = next;
+    }
   }
 }
 
