@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
     return item;
   };
   auto segment_of = [&](int item) { return item < num_items ? segments[item / p.nh] : Segment{}; };
-  // Starts copying W1 for `item`, whose segment segment() gives.
+  // Starts copying W1 for `item`, whose segment segment() gives (called only for an item in range).
   auto copy_w1 = [&](int item, auto segment) {
     if (item < num_items) {
       const bool commits = WindowPosition(segment(), p.K) == p.K - 1;
