@@ -239,7 +239,7 @@ class CudaEngine : public Engine {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
-  // v14, v26), so wider models keep cuBLASLt's.
+  // v14, v26), and so was the entry with 1b's tiles (v43, v44), so wider models keep cuBLASLt's.
   static constexpr int kTensorCoreProductsMaxWidth = 1024;
   // The TTT layer's parts as its kernels take them.
   cu::TttProjectionInputs TttInputs(int64_t layer) const;
