@@ -29,6 +29,7 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "bench/product_inputs.h"
 
 namespace {
@@ -132,25 +133,19 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
   cublasLtHandle_t handle;
   CHECK_CUBLAS(cublasLtCreate(&handle));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  EventTimer timer;
   int flushes = 0;
   // The median of `runs` runs, each after L2 is flushed; a negative value if a run fails.
   auto median_us = [&](const std::function<cublasStatus_t()>& run, int runs) {
     std::vector<double> times;
     for (int i = 0; i < runs; ++i) {
       CHECK_CUDA(cudaMemsetAsync(flush_buffer, ++flushes, flush_bytes));
-      CHECK_CUDA(cudaEventRecord(start));
-      if (run() != CUBLAS_STATUS_SUCCESS) return -1.0;
-      CHECK_CUDA(cudaEventRecord(stop));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+      const float ms = timer.Ms([&] { status = run(); });
+      if (status != CUBLAS_STATUS_SUCCESS) return -1.0;
       times.push_back(1e3 * ms);
     }
-    std::nth_element(times.begin(), times.begin() + runs / 2, times.end());
-    return times[runs / 2];
+    return Median(times);
   };
   // What the timing itself costs: an empty copy, timed as the products are.
   std::printf("{\"variant\":\"empty_copy\",\"us_p50\":%.2f}\n",

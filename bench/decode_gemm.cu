@@ -40,6 +40,7 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "bench/product_inputs.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
@@ -362,25 +363,15 @@ struct Expected {
 // Median milliseconds of 20 runs of `run`, each after `flush` (not timed).
 template <typename Flush, typename Run>
 double MedianMs(Flush flush, Run run) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  EventTimer timer;
   std::vector<float> times;
   for (int i = 0; i < 23; ++i) {
     flush();
-    CHECK_CUDA(cudaEventRecord(start));
-    run();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const float ms = timer.Ms(run);
     if (i >= 3) times.push_back(ms);  // The first runs warm up.
   }
   CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 void Report(const Product& p, const char* variant, double ms, double max_relative_diff,

@@ -17,7 +17,6 @@
 //   ttt-grid-sync [rounds]
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "kernels/cuda/grid_sync.cuh"
 
 namespace {
@@ -142,18 +142,11 @@ Run Launch(Setup s, Mode mode, int depth, int chunk_bytes) {
   CHECK_CUDA(cudaMemset(s.chunks, 0, sizeof(unsigned long long)));
   void* args[] = {&mode,    &depth,    &chunk_bytes, &s.rounds, &s.arrivals,
                   &s.words, &s.stream, &s.chunks,    &s.sink};
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  CHECK_CUDA(cudaEventRecord(start));
-  CHECK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(Meet), s.sms, kThreads, args,
-                                         kSlots * kSlotBytes));
-  CHECK_CUDA(cudaEventRecord(stop));
-  CHECK_CUDA(cudaEventSynchronize(stop));
   Run run;
-  CHECK_CUDA(cudaEventElapsedTime(&run.ms, start, stop));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
+  run.ms = EventTimer().Ms([&] {
+    CHECK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(Meet), s.sms, kThreads,
+                                           args, kSlots * kSlotBytes));
+  });
   unsigned long long chunks = 0;
   CHECK_CUDA(cudaMemcpy(&chunks, s.chunks, sizeof(chunks), cudaMemcpyDeviceToHost));
   run.stream_gb_per_s = 1e-6 * static_cast<double>(chunks) * chunk_bytes / run.ms;
@@ -185,13 +178,11 @@ int main(int argc, char** argv) {
       ms.push_back(run.ms);
       gb_per_s.push_back(run.stream_gb_per_s);
     }
-    std::sort(ms.begin(), ms.end());
-    std::sort(gb_per_s.begin(), gb_per_s.end());
     std::printf(
         "{\"gpu\":\"%s\",\"blocks\":%d,\"mode\":\"%s\",\"chunk_bytes\":%d,"
         "\"chunks_in_flight\":%d,\"rounds\":%d,\"us_per_round\":%.4f,\"stream_gb_per_s\":%.0f}\n",
         prop.name, s.sms, mode == Mode::kBarrier ? "barrier" : "tagged", chunk_bytes, depth,
-        s.rounds, 1e3 * ms[ms.size() / 2] / s.rounds, gb_per_s[gb_per_s.size() / 2]);
+        s.rounds, 1e3 * Median(ms) / s.rounds, Median(gb_per_s));
   };
   for (const Mode mode : {Mode::kBarrier, Mode::kTagged}) {
     for (int depth = 0; depth <= kSlots; ++depth) measure(mode, depth, kSlotBytes);

@@ -12,13 +12,13 @@
 //   ttt-l2-stream
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cuda/ptx>
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "kernels/cuda/grid_sync.cuh"
 
 namespace {
@@ -68,9 +68,7 @@ int main() {
   char* buffer;
   CHECK_CUDA(cudaMalloc(&buffer, largest));
   CHECK_CUDA(cudaMemset(buffer, 1, largest));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  EventTimer timer;
   for (const Pattern pattern : {Pattern::kSpread, Pattern::kShared}) {
     for (const size_t set : {size_t{8} << 20, size_t{24} << 20, largest}) {
       if (pattern == Pattern::kShared && set == largest) continue;  // Each SM 8 MB of it: spread.
@@ -78,18 +76,14 @@ int main() {
         for (const int depth : {2, 4, 6}) {
           std::vector<float> times;
           for (int run = 0; run < 12; ++run) {
-            CHECK_CUDA(cudaEventRecord(start));
-            Stream<<<sms, 32, ring_bytes>>>(buffer, set, pattern, chunk, depth);
-            CHECK_CUDA(cudaGetLastError());
-            CHECK_CUDA(cudaEventRecord(stop));
-            CHECK_CUDA(cudaEventSynchronize(stop));
-            float ms = 0;
-            CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+            const float ms = timer.Ms([&] {
+              Stream<<<sms, 32, ring_bytes>>>(buffer, set, pattern, chunk, depth);
+              CHECK_CUDA(cudaGetLastError());
+            });
             if (run > 0) times.push_back(ms);  // The first warms up L2.
           }
-          std::sort(times.begin(), times.end());
           const double gb_per_s =
-              1e-6 * static_cast<double>(kBytesPerBlock) * sms / times[times.size() / 2];
+              1e-6 * static_cast<double>(kBytesPerBlock) * sms / Median(times);
           std::printf(
               "{\"gpu\":\"%s\",\"l2_bytes\":%d,\"pattern\":\"%s\",\"set_bytes\":%zu,"
               "\"chunk_bytes\":%d,\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,"
@@ -100,8 +94,6 @@ int main() {
       }
     }
   }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
   CHECK_CUDA(cudaFree(buffer));
   return 0;
 }

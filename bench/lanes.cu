@@ -31,7 +31,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -40,6 +39,7 @@
 
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "kernels/cuda_ops.h"
 
 namespace {
@@ -207,8 +207,8 @@ struct Step {
 // (the second forked from the first and joined back).
 float TimeGraph(const Step& step, cudaStream_t a, cudaStream_t b,
                 const std::function<void()>& enqueue) {
-  cudaEvent_t fork, join, start, stop;
-  for (cudaEvent_t* e : {&fork, &join, &start, &stop}) CHECK_CUDA(cudaEventCreate(e));
+  cudaEvent_t fork, join;
+  for (cudaEvent_t* e : {&fork, &join}) CHECK_CUDA(cudaEventCreate(e));
   cudaGraph_t graph;
   CHECK_CUDA(cudaStreamBeginCapture(a, cudaStreamCaptureModeThreadLocal));
   CHECK_CUDA(cudaEventRecord(fork, a));
@@ -219,21 +219,16 @@ float TimeGraph(const Step& step, cudaStream_t a, cudaStream_t b,
   CHECK_CUDA(cudaStreamEndCapture(a, &graph));
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  EventTimer timer;
   std::vector<float> times;
   for (int run = 0; run < 17; ++run) {
-    CHECK_CUDA(cudaEventRecord(start, a));
-    CHECK_CUDA(cudaGraphLaunch(exec, a));
-    CHECK_CUDA(cudaEventRecord(stop, a));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    const float ms = timer.Ms([&] { CHECK_CUDA(cudaGraphLaunch(exec, a)); }, a);
     if (run >= 2) times.push_back(ms);  // The first two warm the graph up.
   }
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
-  for (cudaEvent_t e : {fork, join, start, stop}) CHECK_CUDA(cudaEventDestroy(e));
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return 1000.0f * times[times.size() / 2] / step.preset.layers;
+  for (cudaEvent_t e : {fork, join}) CHECK_CUDA(cudaEventDestroy(e));
+  return 1000.0f * Median(times) / step.preset.layers;
 }
 
 void Print(const char* gpu, const Preset& preset, const char* products, const char* name,

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 
 namespace {
 
@@ -242,21 +243,12 @@ Runner RunnerFor(int sms) {
 
 float Launch(const Args& a, const Runner& runner, unsigned* counters, size_t counter_bytes) {
   CHECK_CUDA(cudaMemset(counters, 0, counter_bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
   Args copy = a;
   void* args[] = {&copy};
-  CHECK_CUDA(cudaEventRecord(start));
-  CHECK_CUDA(cudaLaunchCooperativeKernel(runner.kernel, runner.blocks, kThreads, args,
-                                         runner.shared_bytes));
-  CHECK_CUDA(cudaEventRecord(stop));
-  CHECK_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  return ms;
+  return EventTimer().Ms([&] {
+    CHECK_CUDA(cudaLaunchCooperativeKernel(runner.kernel, runner.blocks, kThreads, args,
+                                           runner.shared_bytes));
+  });
 }
 
 // Values in [-1, 1) from a hash of their index (splitmix64): a 1b step's 1.2 billion weights
@@ -367,8 +359,7 @@ bool Measure(const Preset& preset, const cudaDeviceProp& prop) {
       Launch(a, runners[r], counters, counter_bytes);  // Warm-up.
       std::vector<float> ms;
       for (int i = 0; i < 11; ++i) ms.push_back(Launch(a, runners[r], counters, counter_bytes));
-      std::sort(ms.begin(), ms.end());
-      const double seconds = 1e-3 * ms[ms.size() / 2];
+      const double seconds = 1e-3 * Median(ms);
       const double state_read = order == Order::kProductsOnly ? 0 : state_bytes;
       const double weights_read = order == Order::kStateOnly ? 0 : weight_bytes;
       std::printf(

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 
 namespace {
 
@@ -84,23 +85,12 @@ __global__ void Persistent(const float* pool, size_t slot_floats, int heads, int
 
 template <typename Launch>
 double MedianMs(Launch launch) {
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) launch();
   std::vector<float> times;
-  for (int i = 0; i < 20; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    launch();
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
+  for (int i = 0; i < 20; ++i) times.push_back(timer.Ms(launch));
   CHECK_CUDA(cudaGetLastError());
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(times);
 }
 
 void Report(const Pattern& p, const char* variant, double bytes, double ms) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/cuda_check.h"
+#include "bench/event_timer.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace {
@@ -76,20 +77,14 @@ void Measure(int sms, float* sink, long long* cycles) {
   const int shared_bytes = static_cast<int>(sizeof(bf16) * (64 + kN) * kSliceIn + 1024);
   CHECK_CUDA(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
+  EventTimer timer;
   std::vector<double> us, per_step;
   std::vector<long long> block_cycles(sms);
   for (int run = 0; run < 12; ++run) {
-    CHECK_CUDA(cudaEventRecord(start));
-    kernel<<<sms, 128 * kWarpgroups, shared_bytes>>>(kSlices, sink, cycles);
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
+    const float ms =
+        timer.Ms([&] { kernel<<<sms, 128 * kWarpgroups, shared_bytes>>>(kSlices, sink, cycles); });
     CHECK_CUDA(cudaGetLastError());
     if (run == 0) continue;  // Warms up.
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(1e3 * ms);
     CHECK_CUDA(
         cudaMemcpy(block_cycles.data(), cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -97,16 +92,12 @@ void Measure(int sms, float* sink, long long* cycles) {
     // The SM's m64nNk16 steps: four a slice for each warpgroup.
     per_step.push_back(static_cast<double>(slowest) / (4.0 * kSlices * kWarpgroups));
   }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  std::sort(us.begin(), us.end());
-  std::sort(per_step.begin(), per_step.end());
   const double peak_cycles = kN / 2.0;
-  const double median = per_step[per_step.size() / 2];
+  const double median = Median(per_step);
   std::printf(
       "{\"n\":%d,\"chains\":%d,\"in_flight\":%d,\"warpgroups\":%d,\"us_p50\":%.2f,"
       "\"cycles_per_step\":%.1f,\"peak_cycles_per_step\":%.1f,\"of_peak\":%.3f}\n",
-      kN, kChains, kInFlight, kWarpgroups, us[us.size() / 2], median, peak_cycles,
+      kN, kChains, kInFlight, kWarpgroups, Median(us), median, peak_cycles,
       peak_cycles / median);
 }
 
