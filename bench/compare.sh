@@ -2,14 +2,16 @@
 # Compares ttt-bench across variants of the tree on one machine, in one run: the tree as it is
 # ("base") and the tree with each patch applied (on its own, not stacked), each configuration run
 # by every variant in turn, ROUNDS times (default 2). Machines differ by about 1%, so only
-# variants timed in the same run compare to that.
+# variants timed in the same run compare to that. Each "--" starts a configuration: ttt-bench's
+# arguments for one run of it (a run may time several: --batch 1,16).
 #
-#   bench/compare.sh OUT.json [PATCH...] -- TTT_BENCH_ARGS...
+#   bench/compare.sh OUT.json [PATCH...] -- TTT_BENCH_ARGS... [-- TTT_BENCH_ARGS...]...
 #   bench/compare.sh bench/results/x.json a.patch b.patch -- --backend cuda --preset 1b --batch 1
+#   bench/compare.sh x.json a.patch -- --preset 1b --batch 256 -- --preset 125m --batch 256
 #
 # Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json
 # (bench/record.py): the commit (COMMIT overrides it), the machine, the command, the variants, and
-# a run per variant and round with ttt-bench's results. Prints step p50 / p99 a line each as the
+# a run per variant and round with ttt-bench's results, of every configuration. Prints step p50 / p99 a line each as the
 # rounds run, then each variant's medians against the tree's (bench/summarize.py).
 # TARGETS (ninja targets, default bench/ttt-bench) are built for every variant; with KEEP=DIR each
 # variant's binaries stay in DIR/VARIANT/ (so that its tests can run after), else they are removed.
@@ -25,8 +27,19 @@ while [[ $# -gt 0 && $1 != -- ]]; do
   patches+=("$(realpath "$1")")
   shift
 done
-[[ $# -gt 0 ]] && shift  # The "--".
-bench_args=("$@")
+# Each configuration's arguments, kept whole as one string (joined by the unit separator, which
+# no argument holds); none given: one of ttt-bench's defaults.
+configurations=()
+while [[ $# -gt 0 ]]; do
+  shift  # The "--".
+  arguments=()
+  while [[ $# -gt 0 && $1 != -- ]]; do
+    arguments+=("$1")
+    shift
+  done
+  configurations+=("$(IFS=$'\x1f' && echo "${arguments[*]}")")
+done
+[[ ${#configurations[@]} -gt 0 ]] || configurations=("")
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-compare
 read -ra targets <<< "${TARGETS:-bench/ttt-bench}"
@@ -65,7 +78,10 @@ runs=$bins/runs.jsonl
 : > "$runs"
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for variant in "${variants[@]}"; do
-    "$bins/$variant/ttt-bench" "${bench_args[@]}" | grep '^{' |
+    for configuration in "${configurations[@]}"; do
+      IFS=$'\x1f' read -ra arguments <<< "$configuration"
+      "$bins/$variant/ttt-bench" "${arguments[@]}" || exit 1
+    done | grep '^{' |
       VARIANT=$variant ROUND=$round python3 -c '
 import json, os, sys
 variant, run = os.environ["VARIANT"], int(os.environ["ROUND"])
@@ -73,13 +89,18 @@ results = [json.loads(line) for line in sys.stdin]
 print(json.dumps({"variant": variant, "round": run, "results": results}))
 for r in results:
     model, batch, p50, p99 = r["model"], r["batch"], r["step_ms_p50"], r["step_ms_p99"]
-    print(f"{variant:>24} round {run}: {model} batch {batch}: step p50 {p50:.4f} ms, "
+    how = ", staggered" if r.get("staggered") else ""
+    print(f"{variant:>24} round {run}: {model} batch {batch}{how}: step p50 {p50:.4f} ms, "
           f"p99 {p99:.4f}", file=sys.stderr)' >> "$runs"
   done
 done
 
+command=""
+for configuration in "${configurations[@]}"; do
+  IFS=$'\x1f' read -ra arguments <<< "$configuration"
+  command+="${command:+; }ttt-bench ${arguments[*]}"
+done
 COMMIT=${COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || true)} \
-  python3 "$root/bench/record.py" "$out" "ttt-bench ${bench_args[*]}" --runs "$runs" \
-  --variants "${variants[@]}"
+  python3 "$root/bench/record.py" "$out" "$command" --runs "$runs" --variants "${variants[@]}"
 echo "compare: wrote $out" >&2
 python3 "$root/bench/summarize.py" "$out" >&2
