@@ -11,8 +11,9 @@
 #
 # Builds into build-compare/ (CMAKE_ARGS are added to its configuration), and writes OUT.json
 # (bench/record.py): the commit (COMMIT overrides it), the machine, the command, the variants, and
-# a run per variant and round with ttt-bench's results, of every configuration. Prints step p50 / p99 a line each as the
-# rounds run, then each variant's medians against the tree's (bench/summarize.py).
+# a run per variant and round with ttt-bench's results for every configuration. Prints step p50 /
+# p99 a line each as the rounds run, then each variant's medians against the tree's
+# (bench/summarize.py), by configuration.
 # TARGETS (ninja targets, default bench/ttt-bench) are built for every variant; with KEEP=DIR each
 # variant's binaries stay in DIR/VARIANT/ (so that its tests can run after), else they are removed.
 set -euo pipefail
