@@ -33,7 +33,12 @@ def main():
     args = parser.parse_args()
     with open(args.record) as f:
         record = json.load(f)
-    runs = record.get("runs", [])
+    runs = list(record.get("runs", []))
+    # Records put together by hand before compare.sh took several configurations (v46, v47) hold
+    # each configuration's runs in "configs".
+    for config in record.get("configs", []):
+        if isinstance(config, dict):
+            runs += config.get("runs", [])
     if not runs or not all("variant" in run and "results" in run for run in runs):
         parser.error(f"{args.record} is not a bench/compare.sh record (no runs of variants)")
     # In the order they ran (older records do not list them).
