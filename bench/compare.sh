@@ -38,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     arguments+=("$1")
     shift
   done
-  configurations+=("$(IFS=$'\x1f' && echo "${arguments[*]}")")
+  configurations+=("$(IFS=$'\x1f' && printf '%s' "${arguments[*]}")")
 done
 [[ ${#configurations[@]} -gt 0 ]] || configurations=("")
 root=$(cd "$(dirname "$0")/.." && pwd)
