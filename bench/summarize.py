@@ -34,8 +34,8 @@ def main():
     with open(args.record) as f:
         record = json.load(f)
     runs = list(record.get("runs", []))
-    # Records put together by hand before compare.sh took several configurations (v46, v47) hold
-    # each configuration's runs in "configs".
+    # Records put together by hand from several runs (v46-v48) hold each configuration's runs in
+    # "configs".
     for config in record.get("configs", []):
         if isinstance(config, dict):
             runs += config.get("runs", [])
