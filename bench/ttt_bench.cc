@@ -40,6 +40,7 @@
 #include "server/model/presets.h"
 #include "server/model/weights.h"
 #include "server/tools/flag_names.h"
+#include "server/util/percentile.h"
 #include "server/util/status_macros.h"
 #if TTT_WITH_CUDA
 #include "kernels/cuda_device.h"
@@ -104,12 +105,6 @@ absl::StatusOr<std::shared_ptr<const Model>> BenchModel() {
   ModelWeights weights = ModelWeights::Random(config, /*seed=*/1);
   return std::make_shared<const Model>(
       Model{absl::StrCat(preset, "-", inner, "-", backbone), config, std::move(weights), nullptr});
-}
-
-double Percentile(std::vector<double> values, double p) {
-  std::sort(values.begin(), values.end());
-  const size_t i = std::min(values.size() - 1, static_cast<size_t>(p * values.size()));
-  return values[i];
 }
 
 // Device copy bandwidth (bytes read + written per second), or 0 on the CPU.

@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "client/ttt_client.h"
 #include "server/tools/flag_names.h"
+#include "server/util/percentile.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "The server's gRPC address.");
 ABSL_FLAG(int32_t, concurrency, 16, "Closed loop: this many concurrent streams.");
@@ -76,12 +77,6 @@ struct Stats {
   std::map<std::string, int64_t> errors;
   int64_t completed = 0, generated_tokens = 0, prompt_tokens = 0, session_requests = 0;
 };
-
-double Percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[std::min(values.size() - 1, static_cast<size_t>(p * values.size()))];
-}
 
 class LoadGenerator {
  public:
