@@ -12,6 +12,7 @@ the tree's tokens: a change meant to be exact should.
 """
 import argparse
 import json
+import signal
 import statistics
 
 
@@ -91,4 +92,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Piped into `head`, it stops quietly once the reader has gone.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()

@@ -24,6 +24,7 @@ that leaves the GPU waiting is waiting for these).
 import argparse
 import csv
 import json
+import signal
 import statistics
 import sys
 from collections import defaultdict
@@ -183,4 +184,6 @@ def print_table(s):
             print(f"{c['us_per_step']:16.1f} {c['count_per_step']:13.1f}  {c['call']}")
 
 if __name__ == "__main__":
+    # Piped into `head`, it stops quietly once the reader has gone.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()
