@@ -31,8 +31,11 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "bench/product_inputs.h"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 using bf16 = __nv_bfloat16;
 

@@ -45,10 +45,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
+#include "server/util/percentile.h"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
+using ttt::Median;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::MultiplySlices;

@@ -1,11 +1,7 @@
-// For the standalone CUDA benchmark programs: GPU work timed by a pair of CUDA events, and the
-// median of the times.
+// For the standalone CUDA benchmark programs: GPU work timed by a pair of CUDA events.
 #pragma once
 
 #include <cuda_runtime.h>
-
-#include <algorithm>
-#include <vector>
 
 #include "bench/cuda_check.h"
 
@@ -38,10 +34,3 @@ class EventTimer {
  private:
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
-
-// The median of `values` (the upper of the middle two for an even count).
-template <typename T>
-T Median(std::vector<T> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}

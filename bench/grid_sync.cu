@@ -26,8 +26,11 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "kernels/cuda/grid_sync.cuh"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 namespace cu = ttt::kernels::cuda;
 

@@ -20,8 +20,11 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "kernels/cuda/grid_sync.cuh"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 constexpr int kMaxDepth = 6, kMaxChunk = 32 * 1024;
 constexpr size_t kBytesPerBlock = size_t{8} << 20;

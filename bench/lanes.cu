@@ -41,8 +41,11 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "kernels/cuda_ops.h"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 namespace cu = ttt::kernels::cuda;
 using bf16 = __nv_bfloat16;

@@ -38,8 +38,11 @@
 
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 constexpr int kWarp = 32, kWarps = 8, kThreads = kWarps * kWarp;
 constexpr int kBatch = 256, kMaxGroups = kBatch / 16;

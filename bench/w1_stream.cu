@@ -19,8 +19,11 @@
 
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 constexpr int kF = 64, kWarp = 32, kPieces = kF * kF / 4;  // float4 pieces of one W1.
 

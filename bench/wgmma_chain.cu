@@ -25,8 +25,11 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "kernels/cuda/wgmma.cuh"
+#include "server/util/percentile.h"
 
 namespace {
+
+using ttt::Median;
 
 using bf16 = __nv_bfloat16;
 using ttt::kernels::cuda::kSliceIn;

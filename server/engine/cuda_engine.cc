@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -22,6 +23,7 @@
 #include "server/engine/state_codec.h"
 #include "server/engine/state_layout.h"
 #include "server/util/absl_string_view.h"
+#include "server/util/percentile.h"
 #include "server/util/status_macros.h"
 
 namespace ttt {
@@ -1142,8 +1144,7 @@ absl::StatusOr<absl::Duration> CudaEngine::TimeSingleSequenceStep(SequenceSlot s
     TTT_RETURN_IF_ERROR(ForwardAndSample({&chunk, 1}, {&greedy, 1}, &tokens));
     if (step >= kWarmUp) times.push_back(*collected_device_time_);
   }
-  std::nth_element(times.begin(), times.begin() + kTimed / 2, times.end());
-  return times[kTimed / 2];
+  return Median(std::move(times));
 }
 
 cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
