@@ -36,7 +36,6 @@
 namespace {
 
 using ttt::Median;
-
 using bf16 = __nv_bfloat16;
 
 struct Product {

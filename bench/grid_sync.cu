@@ -31,7 +31,6 @@
 namespace {
 
 using ttt::Median;
-
 namespace cu = ttt::kernels::cuda;
 
 constexpr int kThreads = 256, kWarp = 32, kMeetingThreads = kThreads - kWarp;

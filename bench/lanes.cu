@@ -46,7 +46,6 @@
 namespace {
 
 using ttt::Median;
-
 namespace cu = ttt::kernels::cuda;
 using bf16 = __nv_bfloat16;
 

@@ -30,7 +30,6 @@
 namespace {
 
 using ttt::Median;
-
 using bf16 = __nv_bfloat16;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::SwizzledTile;
