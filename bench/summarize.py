@@ -25,6 +25,14 @@ def how_stepped(result):
         how += f", {result['joining']} joining"
     if result.get("steps_in_flight", 1) > 1:
         how += f", {result['steps_in_flight']} in flight"
+    if result.get("temperature"):
+        how += f", temperature {result['temperature']:g}"
+        if result.get("top_k"):
+            how += f", top-k {result['top_k']}"
+        if result.get("top_p", 1) < 1:
+            how += f", top-p {result['top_p']:g}"
+        if result.get("min_p"):
+            how += f", min-p {result['min_p']:g}"
     return how
 
 

@@ -8,20 +8,20 @@
 // Each configuration creates `batch` sequences, brings each to `offset` tokens (prefill; with
 // --staggered, to offsets spread over a window, as a server's sequences are), then
 // times `steps` decode steps of one token per sequence, the engine choosing the tokens (greedy,
-// or sampled with --temperature). On CUDA it also reports the memory floor: the weights plus
-// every sequence's state read once per step, over the device-to-device copy bandwidth measured
-// in the same run. With --timeline it then records a few more steps' kernels as they ran. At
-// batch 1 it records which path the engine decoded by (single_sequence_decode). With --joining N,
-// each step also takes N new sequences' prompts in place of N finished ones, as a server's steps
-// do while requests arrive. With --steps_in_flight 2, steps are queued as the server queues them:
-// the next before the last is collected, so the host's part of a step hides behind the device's.
-// Every configuration also reports tokens_digest, a hash of every id the decode steps chose (in
-// step order, then sequence order; warmup included): runs that should choose the same tokens —
-// steps queued one or two at a time, a change meant to be exact — can be told apart from runs
-// that do not. The prefill runs twice, the sequences created again in between: the first of a
-// process also plans its products, loads their kernels and grows the engine's buffers, as a
-// server does once as it starts (first_prefill_tokens_per_s), the second is the rate that
-// recurs (prefill_tokens_per_s).
+// or sampled with --temperature, --top_k, --top_p and --min_p). On CUDA it also reports the
+// memory floor: the weights plus every sequence's state read once per step, over the
+// device-to-device copy bandwidth measured in the same run. With --timeline it then records a few
+// more steps' kernels as they ran. At batch 1 it records which path the engine decoded by
+// (single_sequence_decode). With --joining N, each step also takes N new sequences' prompts in
+// place of N finished ones, as a server's steps do while requests arrive. With --steps_in_flight 2,
+// steps are queued as the server queues them: the next before the last is collected, so the host's
+// part of a step hides behind the device's. Every configuration also reports tokens_digest, a hash
+// of every id the decode steps chose (in step order, then sequence order; warmup included): runs
+// that should choose the same tokens — steps queued one or two at a time, a change meant to be
+// exact — can be told apart from runs that do not. The prefill runs twice, the sequences created
+// again in between: the first of a process also plans its products, loads their kernels and grows
+// the engine's buffers, as a server does once as it starts (first_prefill_tokens_per_s), the second
+// is the rate that recurs (prefill_tokens_per_s).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "server/engine/engine_factory.h"
+#include "server/engine/sampler.h"
 #include "server/model/model.h"
 #include "server/model/presets.h"
 #include "server/model/weights.h"
@@ -75,6 +76,9 @@ ABSL_FLAG(int32_t, prefill_chunk, 2048, "Prefill tokens per sequence per engine 
 ABSL_FLAG(std::string, backend, "auto", "auto, cpu or cuda.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
 ABSL_FLAG(float, temperature, 0, "Sampling temperature of every sequence (0: greedy).");
+ABSL_FLAG(int32_t, top_k, 0, "With --temperature: keep the k most likely tokens (0: all).");
+ABSL_FLAG(float, top_p, 1, "With --temperature: keep the nucleus of this much probability.");
+ABSL_FLAG(float, min_p, 0, "With --temperature: keep tokens at least this likely against the top.");
 ABSL_FLAG(std::string, timeline, "",
           "CUDA: after the timed steps, record the kernels of --timeline_steps more steps as "
           "they ran (start and end on the GPU), and the host's CUDA calls, into this CSV file, "
@@ -199,6 +203,11 @@ absl::Status Run() {
       return absl::InvalidArgumentError(
           absl::StrCat("--steps_in_flight: 1 to ", Engine::kMaxStepsInFlight));
     }
+    const SamplingParams sampling_flags = {.temperature = absl::GetFlag(FLAGS_temperature),
+                                           .top_k = absl::GetFlag(FLAGS_top_k),
+                                           .top_p = absl::GetFlag(FLAGS_top_p),
+                                           .min_p = absl::GetFlag(FLAGS_min_p)};
+    TTT_RETURN_IF_ERROR(ValidateSamplingParams(sampling_flags));
     int64_t prompt_tokens = 0;
     for (int32_t b = 0; b < batch; ++b) {
       tokens[b].resize(offset + (staggered ? b % c.mini_batch_size : 0));
@@ -238,7 +247,7 @@ absl::Status Run() {
     std::vector<double> step_seconds;
     std::vector<SamplingParams> sampling(batch);
     for (int32_t b = 0; b < batch; ++b) {
-      sampling[b].temperature = absl::GetFlag(FLAGS_temperature);
+      sampling[b] = sampling_flags;
       sampling[b].seed = b;
     }
     std::vector<SampledToken> sampled;
@@ -323,7 +332,10 @@ absl::Status Run() {
         {"joining_prompt", joining_prompt},
         {"steps", steps},
         {"steps_in_flight", steps_in_flight},
-        {"temperature", absl::GetFlag(FLAGS_temperature)},
+        {"temperature", sampling_flags.temperature},
+        {"top_k", sampling_flags.top_k},
+        {"top_p", sampling_flags.top_p},
+        {"min_p", sampling_flags.min_p},
         {"tokens_per_s", batch / p50},
         {"tokens_per_s_mean", batch * steps / total},
         {"step_ms_p50", 1e3 * p50},
