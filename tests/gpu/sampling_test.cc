@@ -1,11 +1,16 @@
-// The GPU sampler on rows a broken model could produce (NaN and −∞ logits): every id it returns
-// is a token of the vocabulary, as the CPU sampler's are, so the next step's embedding lookup
-// stays inside the table. Skips without a GPU.
+// The GPU sampler against the CPU sampler: on rows a broken model could produce (NaN and −∞
+// logits) every id it returns is a token of the vocabulary, so the next step's embedding lookup
+// stays inside the table; with top-k, top-p and min-p it keeps the same tokens and draws the same
+// one. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <random>
+#include <span>
 #include <vector>
 
 #include "kernels/cuda_device.h"
@@ -68,6 +73,70 @@ TEST(CudaSamplerTest, RowsWithoutAFiniteLogitStillYieldATokenOfTheVocabulary) {
     if (p.temperature == 0.0f) {
       EXPECT_EQ(chosen[2], 123);
     }
+  }
+}
+
+// Top-k, top-p and min-p over rows as wide as a real vocabulary, flat to peaked: the GPU keeps the
+// tokens the CPU sampler keeps, so with the same seed and step both draw the same token (a kept
+// set off by one token moves most draws). The logits are distinct; at a threshold the GPU keeps
+// tied tokens whole where the CPU cuts them by id.
+TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr int kVocab = 32000, kRows = 48, kSteps = 6;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  for (int r = 0; r < kRows; ++r) {
+    const float spread = 0.25f * static_cast<float>(1 + r % 12);
+    for (int i = 0; i < kVocab; ++i)
+      logits[static_cast<size_t>(r) * kVocab + i] = spread * normal(rng);
+  }
+  const DeviceArray<float> device_logits(logits);
+  const std::vector<SamplingParams> settings = {
+      {.temperature = 1.0f, .top_k = 50},
+      {.temperature = 0.7f, .top_p = 0.9f},
+      {.temperature = 1.3f, .top_p = 0.5f},
+      {.temperature = 1.0f, .min_p = 0.05f},
+      {.temperature = 0.9f, .top_k = 2000, .top_p = 0.95f, .min_p = 0.01f},
+      {.temperature = 1.0f, .top_p = 0.8f, .min_p = 0.2f},
+      {.temperature = 1.0f, .top_k = kVocab - 1}};
+  for (size_t setting = 0; setting < settings.size(); ++setting) {
+    const SamplingParams& params = settings[setting];
+    int same = 0, draws = 0;
+    for (uint64_t step = 0; step < kSteps; ++step) {
+      std::vector<cu::SamplingRow> rows;
+      for (int r = 0; r < kRows; ++r) {
+        rows.push_back({.temperature = params.temperature,
+                        .top_k = params.top_k,
+                        .top_p = params.top_p,
+                        .min_p = params.min_p,
+                        .seed = 1000 * setting + r,
+                        .step = step});
+      }
+      const DeviceArray<cu::SamplingRow> device_rows(rows);
+      DeviceArray<int32_t> ids{std::vector<int32_t>(kRows, -1)};
+      DeviceArray<float> logprobs{std::vector<float>(kRows)};
+      ASSERT_EQ(cu::SampleTokens(device_logits.get(), kRows, kVocab, device_rows.get(), ids.get(),
+                                 logprobs.get(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<int32_t> chosen = ids.ToHost();
+      for (int r = 0; r < kRows; ++r) {
+        const std::span<const float> row(&logits[static_cast<size_t>(r) * kVocab], kVocab);
+        SamplingParams seeded = params;
+        seeded.seed = rows[r].seed;
+        same += chosen[r] == SampleToken(row, seeded, {}, {}, step).id;
+        ++draws;
+        if (params.top_k > 0) {
+          const auto above =
+              std::count_if(row.begin(), row.end(), [&](float l) { return l > row[chosen[r]]; });
+          EXPECT_LT(above, params.top_k) << "row " << r << ", step " << step;
+        }
+      }
+    }
+    std::printf("[cuda-sampling] setting %zu: the CPU sampler's token in %d of %d draws\n", setting,
+                same, draws);
+    EXPECT_GE(same, draws - 1) << "setting " << setting;
   }
 }
 
