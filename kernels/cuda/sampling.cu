@@ -1,9 +1,9 @@
 // Next-token choice on the GPU, one block per row of logits, so only ids and log-probs leave it.
 //
-// The kept set is every token whose tempered score reaches a threshold (from top-k, min-p and
-// top-p, found by bisection on the value instead of a sort), and the draw walks the kept tokens in
-// id order: the same rule as the CPU sampler, so both pick the same token for the same seed
-// whenever their kept sets agree.
+// The kept set is every token whose tempered score reaches the thresholds of top-k, top-p and
+// min-p (found by radix select on the scores' bits instead of a sort), and the draw walks the kept
+// tokens in id order: the same rule as the CPU sampler, so both pick the same token for the same
+// seed whenever their kept sets agree.
 #include <cfloat>
 #include <climits>
 
@@ -13,17 +13,6 @@ namespace ttt::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
-constexpr int kBisectionSteps = 40;
-
-__device__ float BlockMax(float v, float* scratch) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
-  __syncthreads();
-  v = threadIdx.x % kWarp < blockDim.x / kWarp ? scratch[threadIdx.x % kWarp] : -FLT_MAX;
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // The minimum of v over the block; every thread gets it.
 __device__ int BlockMin(int v, int* scratch_int) {
@@ -138,11 +127,170 @@ __device__ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// ---- Truncation: top-k and top-p thresholds by radix select ------------------------------------
+//
+// A tempered score s = (l − top)/T is ≤ 0, so its bits without the sign, |s|'s, order the tokens:
+// a token's rank key is 0 at the top and grows as s falls (NaN ranks with −∞, as the CPU sampler
+// sorts it). The k-th smallest key and the key where the mass of the keys below reaches top-p are
+// found a digit at a time, most significant first, each digit by one pass over the row that counts
+// the tokens per digit value (and for top-p their mass): four passes at most, where a bisection on
+// the value took forty per threshold (bench/README.md v53). The counts are integers and the masses
+// fixed-point, so the sums do not depend on the order the block adds them in, and a seed draws the
+// same token every time.
+constexpr uint32_t kKeyOfMinusInf = 0x7f800000u;
+constexpr int kKeyBits = 31, kDigitBits = 8, kDigitValues = 1 << kDigitBits;
+// A token's mass exp(s) ≤ 1 in units of 2^−26: a warp's 32 fit in 32 bits.
+constexpr float kMassUnits = 67108864.0f;
+
+__device__ __forceinline__ uint32_t RankKey(float s) {
+  return isnan(s) ? kKeyOfMinusInf : __float_as_uint(s) & 0x7fffffffu;
+}
+
+// The tokens a threshold keeps: those whose key, shifted right by `shift`, is at most `prefix`.
+// Found before its last digit, when the digit's bin holds one token or is kept whole, the
+// threshold stops at that digit.
+struct RankLimit {
+  uint32_t prefix = 0x7fffffffu;
+  int shift = 0;
+
+  __device__ bool Keeps(uint32_t key) const { return (key >> shift) <= prefix; }
+};
+
+struct DigitHistogram {
+  uint32_t count[kDigitValues];
+  unsigned long long mass[kDigitValues];
+};
+
+// Where a pass's digit search ended, as warp 0 leaves it for the block.
+struct DigitFound {
+  int digit;
+  bool settled;  // The threshold needs no lower digit.
+  uint32_t count_before;
+  unsigned long long mass_before;
+};
+
+// What FindRankLimit looks for: the smallest threshold whose kept tokens number at least `count`,
+// or (count < 0) hold at least `mass_fraction` of the mass of the tokens `within` keeps.
+struct RankGoal {
+  int64_t count;
+  float mass_fraction;
+  RankLimit within;
+};
+
+// The smallest RankLimit reaching `goal` over the row's tempered scores.
+__device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv_t,
+                                   const RankGoal& goal, DigitHistogram* histogram,
+                                   DigitFound* found) {
+  const int lane = threadIdx.x % kWarp;
+  const bool by_mass = goal.count < 0;  // Top-k's search counts tokens alone.
+  uint32_t prefix = 0;                  // The digits found so far.
+  uint32_t count_before = 0;
+  unsigned long long mass_before = 0;
+  double mass_goal = 0;
+  for (int high = kKeyBits; high > 0; high -= kDigitBits) {
+    const int shift = max(0, high - kDigitBits), digits = 1 << (high - shift);
+    for (int d = threadIdx.x; d < digits; d += blockDim.x) {
+      histogram->count[d] = 0;
+      histogram->mass[d] = 0;
+    }
+    __syncthreads();
+    // Every lane of a warp takes the same number of turns, for the warp-wide match below.
+    for (int first = 0; first < V; first += blockDim.x) {
+      const int i = first + threadIdx.x;
+      int digit = -1;
+      uint32_t mass = 0;
+      if (i < V) {
+        const float s = (row[i] - top) * inv_t;
+        const uint32_t key = RankKey(s);
+        if (goal.within.Keeps(key) && (key >> high) == prefix) {
+          digit = static_cast<int>((key >> shift) & (digits - 1));
+          if (by_mass && !isnan(s)) mass = __float2uint_rn(expf(s) * kMassUnits);
+        }
+      }
+      // One shared-memory update per digit value a warp holds, not one per token. After the
+      // first digit most warps hold none of the tokens still searched.
+      if (!__any_sync(0xffffffffu, digit >= 0)) continue;
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      const uint32_t peers_mass = by_mass ? __reduce_add_sync(peers, mass) : 0u;
+      if (digit >= 0 && lane == __ffs(peers) - 1) {
+        atomicAdd(&histogram->count[digit], static_cast<uint32_t>(__popc(peers)));
+        if (by_mass)
+          atomicAdd(&histogram->mass[digit], static_cast<unsigned long long>(peers_mass));
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarp) {
+      // Lane l sums its run of consecutive digit values; a scan over the lanes gives the mass
+      // and count below each run.
+      const int per_lane = digits / kWarp, begin = lane * per_lane;
+      uint32_t count = 0;
+      unsigned long long mass = 0;
+      for (int d = begin; d < begin + per_lane; ++d) {
+        count += histogram->count[d];
+        mass += histogram->mass[d];
+      }
+      uint32_t count_below = count;
+      unsigned long long mass_below = mass;
+      for (int o = 1; o < kWarp; o *= 2) {
+        const uint32_t c = __shfl_up_sync(0xffffffffu, count_below, o);
+        const unsigned long long m = __shfl_up_sync(0xffffffffu, mass_below, o);
+        if (lane >= o) {
+          count_below += c;
+          mass_below += m;
+        }
+      }
+      count_below -= count;
+      mass_below -= mass;
+      if (high == kKeyBits && goal.count < 0) {
+        // The first pass sees every token the goal counts: their mass sets the goal.
+        const unsigned long long total = __shfl_sync(0xffffffffu, mass_below + mass, kWarp - 1);
+        mass_goal = static_cast<double>(goal.mass_fraction) * static_cast<double>(total);
+      }
+      auto reached = [&](uint32_t c, unsigned long long m) {
+        return goal.count >= 0 ? c >= goal.count : static_cast<double>(m) >= mass_goal;
+      };
+      // The lane whose run holds the first digit value at which the goal is reached.
+      const bool reached_before = reached(count_before + count_below, mass_before + mass_below);
+      const bool reached_after =
+          reached(count_before + count_below + count, mass_before + mass_below + mass);
+      const unsigned crossing = __ballot_sync(0xffffffffu, !reached_before && reached_after);
+      if (crossing == 0) {
+        // Reached before this digit's bins (a goal of nothing), or never (cannot happen): the
+        // smallest digit value.
+        if (lane == 0) *found = {0, true, count_before, mass_before};
+      } else if (lane == __ffs(crossing) - 1) {
+        uint32_t c = count_before + count_below;
+        unsigned long long m = mass_before + mass_below;
+        int d = begin;
+        for (;; ++d) {
+          if (reached(c + histogram->count[d], m + histogram->mass[d])) break;
+          c += histogram->count[d];
+          m += histogram->mass[d];
+        }
+        // With one token in its bin, or the goal met exactly by the whole bin's count, every
+        // token of the bin is kept and no token after it: the digit settles the threshold.
+        const bool settled =
+            histogram->count[d] == 1 || (goal.count >= 0 && c + histogram->count[d] == goal.count);
+        *found = {d, settled, c, m};
+      }
+    }
+    __syncthreads();
+    const DigitFound f = *found;
+    prefix = prefix << (high - shift) | static_cast<uint32_t>(f.digit);
+    count_before = f.count_before;
+    mass_before = f.mass_before;
+    if (f.settled || shift == 0) return {prefix, shift};
+  }
+  return {prefix, 0};
+}
+
 __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows, int32_t* ids,
                              float* logprobs) {
   __shared__ float scratch[kWarp];
   __shared__ int scratch_int[kWarp];
   __shared__ RowSummary scratch_summary[kWarp];
+  __shared__ DigitHistogram histogram;
+  __shared__ DigitFound found;
   WaitForPreviousKernel();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
   const SamplingRow p = rows[blockIdx.x];
@@ -157,75 +305,70 @@ __global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows
   if (p.temperature == 0.0f || p.top_k == 1) {
     chosen = most_likely;
   } else {
-    // Tempered scores s = (l − top)/T ≤ 0; a token is kept when s ≥ threshold.
+    // As the CPU sampler: top-k's tokens, of which top-p takes the nucleus of their mass, and
+    // min-p those at least min_p as likely as the top (s ≥ log min_p); a token is kept by all
+    // three.
     const float inv_t = 1.0f / p.temperature;
     auto score = [&](int i) { return (row[i] - top) * inv_t; };
-    float min_score = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) min_score = fminf(min_score, score(i));
-    min_score = -BlockMax(-min_score, scratch);
-    float threshold = min_score;
+    RankLimit k_limit, p_limit;
     if (p.top_k > 0 && p.top_k < V) {
-      float lo = min_score, hi = 0;  // count(s ≥ lo) ≥ k always.
-      for (int step = 0; step < kBisectionSteps; ++step) {
-        const float mid = 0.5f * (lo + hi);
-        float count = 0;
-        for (int i = threadIdx.x; i < V; i += blockDim.x) count += score(i) >= mid;
-        if (BlockSum(count, scratch) >= p.top_k)
-          lo = mid;
-        else
-          hi = mid;
-      }
-      threshold = fmaxf(threshold, lo);
+      k_limit = FindRankLimit(row, V, top, inv_t, RankGoal{p.top_k, 0.0f, RankLimit{}}, &histogram,
+                              &found);
     }
-    if (p.min_p > 0) threshold = fmaxf(threshold, logf(p.min_p));
-    auto mass_above = [&](float t) {
-      float m = 0;
-      for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        const float s = score(i);
-        if (s >= t) m += expf(s);
-      }
-      return BlockSum(m, scratch);
-    };
     if (p.top_p < 1.0f) {
-      const float total = mass_above(threshold);
-      float lo = threshold, hi = 0;  // mass(≥ lo) ≥ top_p · total always.
-      for (int step = 0; step < kBisectionSteps; ++step) {
-        const float mid = 0.5f * (lo + hi);
-        if (mass_above(mid) >= p.top_p * total)
-          lo = mid;
-        else
-          hi = mid;
-      }
-      threshold = lo;
+      p_limit =
+          FindRankLimit(row, V, top, inv_t, RankGoal{-1, p.top_p, k_limit}, &histogram, &found);
     }
-    // Draw: walk the kept tokens in id order; each thread owns a contiguous range of ids.
-    const int per_thread = (V + blockDim.x - 1) / blockDim.x;
-    const int begin = min(V, static_cast<int>(threadIdx.x) * per_thread);
-    const int end = min(V, begin + per_thread);
+    // The lowest score min-p keeps (NaN fails it).
+    const float lowest = p.min_p > 0 ? logf(p.min_p) : -INFINITY;
+    auto kept = [&](float s) {
+      const uint32_t key = RankKey(s);
+      return s >= lowest && k_limit.Keeps(key) && p_limit.Keeps(key);
+    };
+    // Draw: u times the kept mass falls in one kept token's share, walking ids in order. Warp w
+    // owns a contiguous run of ids and reads it 32 ids at a time, so every load is coalesced.
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+    const int run = (V + warps * kWarp - 1) / (warps * kWarp) * kWarp;
+    const int begin = min(V, warp * run), end = min(V, begin + run);
+    auto mass = [&](int i) {
+      const float s = i < end ? score(i) : -INFINITY;
+      return kept(s) ? expf(s) : 0.0f;
+    };
     float mine = 0;
-    for (int i = begin; i < end; ++i) {
-      const float s = score(i);
-      if (s >= threshold) mine += expf(s);
-    }
+    for (int i = begin + lane; i < end; i += kWarp) mine += mass(i);
+    const float warp_mass = WarpSum(mine);
     float kept_total;
-    float running = BlockExclusiveScan(mine, scratch, &kept_total);
+    float running = BlockExclusiveScan(lane == 0 ? warp_mass : 0.0f, scratch, &kept_total);
+    running = __shfl_sync(0xffffffffu, running, 0);
     const double u = static_cast<double>(Mix(Mix(p.seed) ^ p.step) >> 11) * 0x1.0p-53;
     const float target = static_cast<float>(u) * kept_total;
-    int found = V;
-    if (running <= target && target < running + mine) {
-      for (int i = begin; i < end; ++i) {
-        const float s = score(i);
-        if (s < threshold) continue;
-        running += expf(s);
-        if (target < running) {
-          found = i;
-          break;
+    int found_id = V, last_kept = V;
+    if (running <= target && target < running + warp_mass) {
+      // 32 ids a round: the round's masses summed across the lanes in id order. Rounding can
+      // leave the target past the run's last kept token (the sums above went in another order):
+      // that token is taken.
+      for (int first = begin; first < end && found_id == V; first += kWarp) {
+        const int i = first + lane;
+        const float e = mass(i);
+        float through = e;  // This round's mass up to and including lane's id.
+        for (int o = 1; o < kWarp; o *= 2) {
+          const float before = __shfl_up_sync(0xffffffffu, through, o);
+          if (lane >= o) through += before;
         }
+        const unsigned crossed = __ballot_sync(0xffffffffu, e > 0 && target < running + through);
+        const unsigned any_kept = __ballot_sync(0xffffffffu, e > 0);
+        if (crossed != 0) {
+          found_id = first + __ffs(crossed) - 1;
+        } else if (any_kept != 0) {
+          last_kept = first + kWarp - __clz(any_kept) - 1;
+        }
+        running += __shfl_sync(0xffffffffu, through, kWarp - 1);
       }
+      if (found_id == V) found_id = last_kept;
     }
-    found = BlockMin(found, scratch_int);
-    // Rounding can leave the target just past the last kept token: take the most likely one.
-    chosen = found < V ? found : most_likely;
+    found_id = BlockMin(lane == 0 ? found_id : V, scratch_int);
+    // A row that keeps no mass (−∞ or NaN throughout) takes the most likely token.
+    chosen = found_id < V ? found_id : most_likely;
   }
   if (threadIdx.x == 0) {
     ids[blockIdx.x] = chosen;
