@@ -125,7 +125,10 @@ for temperature in 0 1; do
   echo "engine (temperature $temperature): $engine"
   ratio "engine" "$engine"
 done
-engine=$("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
-  --offset 16 --steps 128 --steps_in_flight 2 --temperature 0 --staggered)
-echo "engine (temperature 0, staggered): $engine"
-ratio "staggered engine" "$engine"
+# Staggered at temperature 1 too: the steps the server runs, sampling as its requests do.
+for temperature in 0 1; do
+  engine=$("$build/bench/ttt-bench" --backend cuda --model "$work/model" --batch "$streams" \
+    --offset 16 --steps 128 --steps_in_flight 2 --temperature $temperature --staggered)
+  echo "engine (temperature $temperature, staggered): $engine"
+  ratio "staggered engine" "$engine"
+done
