@@ -101,6 +101,27 @@ TEST(BenchToolTest, StepsQueuedAsTheServerQueuesThem) {
   EXPECT_NE(digests[1], digests[2]) << "greedy and sampled tokens gave one digest";
 }
 
+// Truncation as a server's requests ask for it: the settings come back in the JSON, and keeping
+// two tokens a step chooses other tokens than drawing from all of them.
+TEST(BenchToolTest, TruncatedSamplingIsTimedAndReported) {
+  std::vector<std::string> digests;
+  for (const std::string truncation : {"", " --top_k 2 --top_p 0.9 --min_p 0.05"}) {
+    SCOPED_TRACE(truncation);
+    const testing::CommandResult run =
+        RunBench("--batch 4 --steps 6 --warmup 1 --offset 5 --temperature 1" + truncation);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::vector<nlohmann::json> results = Results(run.output);
+    ASSERT_EQ(results.size(), 1u) << run.output;
+    const bool truncated = !truncation.empty();
+    EXPECT_EQ(results[0].at("top_k"), truncated ? 2 : 0);
+    EXPECT_FLOAT_EQ(results[0].at("top_p").get<float>(), truncated ? 0.9f : 1.0f);
+    EXPECT_FLOAT_EQ(results[0].at("min_p").get<float>(), truncated ? 0.05f : 0.0f);
+    ExpectTimings(results[0]);
+    digests.push_back(results[0].at("tokens_digest"));
+  }
+  EXPECT_NE(digests[0], digests[1]) << "top-k 2 chose the tokens of sampling from all";
+}
+
 TEST(BenchToolTest, BadFlagsAreClearErrors) {
   struct Case {
     std::string args, flag;
@@ -108,7 +129,10 @@ TEST(BenchToolTest, BadFlagsAreClearErrors) {
   for (const Case& c :
        std::vector<Case>{{"--batch 4 --steps_in_flight 3", "--steps_in_flight"},
                          {"--batch 4 --joining 5", "--joining"},
-                         {"--batch 4 --joining 1 --joining_prompt 0", "--joining_prompt"}}) {
+                         {"--batch 4 --joining 1 --joining_prompt 0", "--joining_prompt"},
+                         {"--batch 4 --temperature 1 --top_k -1", "top_k"},
+                         {"--batch 4 --temperature 1 --top_p 0", "top_p"},
+                         {"--batch 4 --temperature 1 --min_p 2", "min_p"}}) {
     const testing::CommandResult run = RunBench(c.args);
     EXPECT_NE(run.exit_code, 0) << c.args;
     EXPECT_THAT(run.output, HasSubstr(c.flag)) << c.args;
