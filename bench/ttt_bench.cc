@@ -151,6 +151,11 @@ absl::Status WriteTimeline(const std::string& path, int32_t batch, const Timelin
 #endif
 
 absl::Status Run() {
+  const SamplingParams sampling_flags = {.temperature = absl::GetFlag(FLAGS_temperature),
+                                         .top_k = absl::GetFlag(FLAGS_top_k),
+                                         .top_p = absl::GetFlag(FLAGS_top_p),
+                                         .min_p = absl::GetFlag(FLAGS_min_p)};
+  TTT_RETURN_IF_ERROR(ValidateSamplingParams(sampling_flags));
   TTT_ASSIGN_OR_RETURN(std::shared_ptr<const Model> model, BenchModel());
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
@@ -203,11 +208,6 @@ absl::Status Run() {
       return absl::InvalidArgumentError(
           absl::StrCat("--steps_in_flight: 1 to ", Engine::kMaxStepsInFlight));
     }
-    const SamplingParams sampling_flags = {.temperature = absl::GetFlag(FLAGS_temperature),
-                                           .top_k = absl::GetFlag(FLAGS_top_k),
-                                           .top_p = absl::GetFlag(FLAGS_top_p),
-                                           .min_p = absl::GetFlag(FLAGS_min_p)};
-    TTT_RETURN_IF_ERROR(ValidateSamplingParams(sampling_flags));
     int64_t prompt_tokens = 0;
     for (int32_t b = 0; b < batch; ++b) {
       tokens[b].resize(offset + (staggered ? b % c.mini_batch_size : 0));
