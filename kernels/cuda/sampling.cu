@@ -156,9 +156,21 @@ struct RankLimit {
   __device__ bool Keeps(uint32_t key) const { return (key >> shift) <= prefix; }
 };
 
+// A bin's mass is kept in two 32-bit words, the high one counting the low one's carries. A 32-bit
+// add to shared memory is one atomic instruction; a 64-bit one is a compare-and-swap loop, which
+// retries while the block's warps add into the same few bins, as in a first pass over a flat row.
 struct DigitHistogram {
   uint32_t count[kDigitValues];
-  unsigned long long mass[kDigitValues];
+  uint32_t mass_low[kDigitValues];
+  uint32_t mass_high[kDigitValues];
+
+  __device__ unsigned long long Mass(int d) const {
+    return static_cast<unsigned long long>(mass_high[d]) << 32 | mass_low[d];
+  }
+  __device__ void AddMass(int d, uint32_t mass) {
+    const uint32_t before = atomicAdd(&mass_low[d], mass);
+    if (before + mass < before) atomicAdd(&mass_high[d], 1u);
+  }
 };
 
 // Where a pass's digit search ended, as warp 0 leaves it for the block.
@@ -191,7 +203,8 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
     const int shift = max(0, high - kDigitBits), digits = 1 << (high - shift);
     for (int d = threadIdx.x; d < digits; d += blockDim.x) {
       histogram->count[d] = 0;
-      histogram->mass[d] = 0;
+      histogram->mass_low[d] = 0;
+      histogram->mass_high[d] = 0;
     }
     __syncthreads();
     // Every lane of a warp takes the same number of turns, for the warp-wide match below.
@@ -214,8 +227,7 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
       const uint32_t peers_mass = by_mass ? __reduce_add_sync(peers, mass) : 0u;
       if (digit >= 0 && lane == __ffs(peers) - 1) {
         atomicAdd(&histogram->count[digit], static_cast<uint32_t>(__popc(peers)));
-        if (by_mass)
-          atomicAdd(&histogram->mass[digit], static_cast<unsigned long long>(peers_mass));
+        if (by_mass) histogram->AddMass(digit, peers_mass);
       }
     }
     __syncthreads();
@@ -227,7 +239,7 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
       unsigned long long mass = 0;
       for (int d = begin; d < begin + per_lane; ++d) {
         count += histogram->count[d];
-        mass += histogram->mass[d];
+        mass += histogram->Mass(d);
       }
       uint32_t count_below = count;
       unsigned long long mass_below = mass;
@@ -263,9 +275,9 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
         unsigned long long m = mass_before + mass_below;
         int d = begin;
         for (;; ++d) {
-          if (reached(c + histogram->count[d], m + histogram->mass[d])) break;
+          if (reached(c + histogram->count[d], m + histogram->Mass(d))) break;
           c += histogram->count[d];
-          m += histogram->mass[d];
+          m += histogram->Mass(d);
         }
         // With one token in its bin, or the goal met exactly by the whole bin's count, every
         // token of the bin is kept and no token after it: the digit settles the threshold.
@@ -284,8 +296,10 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
   return {prefix, 0};
 }
 
-__global__ void SampleKernel(const float* logits, int V, const SamplingRow* rows, int32_t* ids,
-                             float* logprobs) {
+// Two blocks an SM, so 32 registers a thread: with more, a step's 256 rows take two waves.
+__global__ void __launch_bounds__(kThreads, 2)
+    SampleKernel(const float* logits, int V, const SamplingRow* rows, int32_t* ids,
+                 float* logprobs) {
   __shared__ float scratch[kWarp];
   __shared__ int scratch_int[kWarp];
   __shared__ RowSummary scratch_summary[kWarp];
