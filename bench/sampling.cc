@@ -1,7 +1,9 @@
 // How long the GPU sampler takes for a step's rows of logits, by sampling setting and by how
-// peaked the rows are: rows of N(0, spread²) logits, each setting launched 50 times on the same
-// rows (the median; the rows stay in L2 between launches, as the LM head leaves them for the
-// sampler in a step). Prints one JSON line per (spread, setting).
+// peaked the rows are: rows of N(0, spread²) logits, in the last kind with one token a row raised
+// by `peak` so that it holds most of the row's mass, as in a confident model's rows. Each setting
+// is launched 50 times on the same rows (the median; the rows stay in L2 between launches, as the
+// LM head leaves them for the sampler in a step).
+// Prints one JSON line per (kind of row, setting).
 //   ttt-sampling [ROWS [VOCAB]]   (default 256 rows of 32,000)
 #include <cuda_runtime.h>
 
@@ -53,8 +55,13 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&ids, rows * sizeof(int32_t)));
   CHECK_CUDA(cudaMalloc(&logprobs, rows * sizeof(float)));
   EventTimer timer;
-  for (const float spread : {0.05f, 1.0f, 3.0f}) {
-    for (float& l : logits) l = spread * normal(rng);
+  struct Rows {
+    float spread, peak;
+  };
+  for (const Rows kind : {Rows{0.05f, 0}, Rows{1, 0}, Rows{3, 0}, Rows{1, 15}}) {
+    for (float& l : logits) l = kind.spread * normal(rng);
+    for (int r = 0; r < rows; ++r)
+      logits[static_cast<size_t>(r) * vocab + r * 7919 % vocab] += kind.peak;
     CHECK_CUDA(cudaMemcpy(device_logits, logits.data(), logits.size() * sizeof(float),
                           cudaMemcpyHostToDevice));
     for (const Setting& setting : settings) {
@@ -76,8 +83,9 @@ int main(int argc, char** argv) {
         }));
       }
       std::printf(
-          "{\"rows\": %d, \"vocab\": %d, \"spread\": %g, \"setting\": \"%s\", \"us_p50\": %.2f}\n",
-          rows, vocab, spread, setting.name, Median(us));
+          "{\"rows\": %d, \"vocab\": %d, \"spread\": %g, \"peak\": %g, \"setting\": \"%s\", "
+          "\"us_p50\": %.2f}\n",
+          rows, vocab, kind.spread, kind.peak, setting.name, Median(us));
     }
   }
   cudaFree(device_logits);
