@@ -132,13 +132,21 @@ __device__ uint64_t Mix(uint64_t x) {
 // A tempered score s = (l − top)/T is ≤ 0, so its bits without the sign, |s|'s, order the tokens:
 // a token's rank key is 0 at the top and grows as s falls (NaN ranks with −∞, as the CPU sampler
 // sorts it). The k-th smallest key and the key where the mass of the keys below reaches top-p are
-// found a digit at a time, most significant first, each digit by one pass over the row that counts
-// the tokens per digit value (and for top-p their mass): four passes at most, where a bisection on
-// the value took forty per threshold (bench/README.md v53). The counts are integers and the masses
-// fixed-point, so the sums do not depend on the order the block adds them in, and a seed draws the
-// same token every time.
+// found a digit at a time, most significant first, each digit by one pass over the tokens that
+// counts them per digit value (and for top-p their mass): four passes at most, where a bisection
+// on the value took forty per threshold (bench/README.md v53). The counts are integers and the
+// masses fixed-point, so the sums do not depend on the order the block adds them in, and a seed
+// draws the same token every time.
+//
+// Top-k's first digit is 11 bits wide, the exponent and three bits of the mantissa: by the
+// exponent alone a row's tail (most of it, when one token stands far above the rest) shares one
+// bin, and every later pass reads the whole row. With the finer digit the k-th key's bin and those
+// below it usually hold few tokens; once they fit in shared memory, the next pass, which reads the
+// row anyway, gathers their keys there, and the passes after it, top-p's included, read those
+// (bench/README.md v55).
 constexpr uint32_t kKeyOfMinusInf = 0x7f800000u;
-constexpr int kKeyBits = 31, kDigitBits = 8, kDigitValues = 1 << kDigitBits;
+constexpr int kKeyBits = 31, kDigitBits = 8, kTopKFirstDigitBits = 11;
+constexpr int kDigitValues = 1 << kDigitBits;
 // A token's mass exp(s) ≤ 1 in units of 2^−26: a warp's 32 fit in 32 bits.
 constexpr float kMassUnits = 67108864.0f;
 
@@ -156,142 +164,231 @@ struct RankLimit {
   __device__ bool Keeps(uint32_t key) const { return (key >> shift) <= prefix; }
 };
 
-// A bin's mass is kept in two 32-bit words, the high one counting the low one's carries. A 32-bit
-// add to shared memory is one atomic instruction; a 64-bit one is a compare-and-swap loop, which
-// retries while the block's warps add into the same few bins, as in a first pass over a flat row.
+// Shared memory is taken from L1, where a row's later passes find its logits again: 6 KB more a
+// block made every setting that reads a row twice 1–3 µs slower (v55). So the histogram is 1,648
+// words, and the block's shared memory under 7 KB:
+// - a pass's counts per digit value in words [0, digits), save that top-k's 11-bit first pass packs
+//   two 16-bit counts a word in [0, 1,024) (it is taken only for rows of fewer than 65,536 tokens,
+//   so no bin overflows);
+// - a pass that also sums masses (top-p's, 8-bit digits) keeps a bin's mass in two 32-bit words,
+//   the low one at kDigitValues + d and the one that counts its carries at 2 kDigitValues + d: a
+//   32-bit add to shared memory is one atomic instruction, a 64-bit one a compare-and-swap loop,
+//   which retries while the block's warps add into the same few bins (v54);
+// - the keys gathered after top-k's first pass in the words after those.
 struct DigitHistogram {
-  uint32_t count[kDigitValues];
-  uint32_t mass_low[kDigitValues];
-  uint32_t mass_high[kDigitValues];
+  static constexpr int kWords = 1648, kGatherCapacity = kWords - 3 * kDigitValues;
+  uint32_t words[kWords];
 
-  __device__ unsigned long long Mass(int d) const {
-    return static_cast<unsigned long long>(mass_high[d]) << 32 | mass_low[d];
+  __device__ uint32_t* Gathered() { return words + 3 * kDigitValues; }
+  __device__ const uint32_t* Gathered() const { return words + 3 * kDigitValues; }
+
+  __device__ uint32_t Count(int d, bool packed) const {
+    return packed ? words[d / 2] >> (d % 2 * 16) & 0xffffu : words[d];
   }
-  __device__ void AddMass(int d, uint32_t mass) {
-    const uint32_t before = atomicAdd(&mass_low[d], mass);
-    if (before + mass < before) atomicAdd(&mass_high[d], 1u);
+  __device__ unsigned long long Mass(int d) const {
+    return static_cast<unsigned long long>(words[2 * kDigitValues + d]) << 32 |
+           words[kDigitValues + d];
+  }
+  __device__ void Add(int d, uint32_t count, uint32_t mass, bool by_mass, bool packed) {
+    if (packed) {
+      atomicAdd(&words[d / 2], count << (d % 2 * 16));
+      return;
+    }
+    atomicAdd(&words[d], count);
+    if (!by_mass) return;
+    const uint32_t before = atomicAdd(&words[kDigitValues + d], mass);
+    if (before + mass < before) atomicAdd(&words[2 * kDigitValues + d], 1u);
   }
 };
 
-// Where a pass's digit search ended, as warp 0 leaves it for the block.
+// A count of tokens and their mass, as the digit search sums them over bins.
+struct BinSums {
+  uint32_t count;
+  unsigned long long mass;
+};
+
+// Where a pass's digit search ended.
 struct DigitFound {
   int digit;
-  bool settled;  // The threshold needs no lower digit.
-  uint32_t count_before;
-  unsigned long long mass_before;
+  bool settled;                    // The threshold needs no lower digit.
+  uint32_t count_before;           // Of the tokens searched, those below the digit's bin,
+  uint32_t count_through;          // and those through it.
+  unsigned long long mass_before;  // The mass of the searched tokens below the digit's bin.
+};
+
+// The truncation's shared memory.
+struct TruncationShared {
+  DigitHistogram histogram;
+  DigitFound found;
+  int gathered_count;  // −1: no keys gathered.
+};
+
+// The tokens a search reads: the row's tempered scores, or the keys gathered in shared memory.
+struct KeySource {
+  const float* row;
+  int V;
+  float top, inv_t;
+  int gathered;  // How many keys TruncationShared holds; −1: read the row.
+
+  __device__ int Size() const { return gathered >= 0 ? gathered : V; }
+  __device__ uint32_t Key(int i, const TruncationShared& shared) const {
+    return gathered >= 0 ? shared.histogram.Gathered()[i] : RankKey((row[i] - top) * inv_t);
+  }
 };
 
 // What FindRankLimit looks for: the smallest threshold whose kept tokens number at least `count`,
-// or (count < 0) hold at least `mass_fraction` of the mass of the tokens `within` keeps.
+// or (by mass) hold at least `mass_fraction` of the mass of the tokens `within` keeps.
 struct RankGoal {
-  int64_t count;
+  uint32_t count;
   float mass_fraction;
   RankLimit within;
 };
 
-// The smallest RankLimit reaching `goal` over the row's tempered scores.
-__device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv_t,
-                                   const RankGoal& goal, DigitHistogram* histogram,
-                                   DigitFound* found) {
-  const int lane = threadIdx.x % kWarp;
-  const bool by_mass = goal.count < 0;  // Top-k's search counts tokens alone.
-  uint32_t prefix = 0;                  // The digits found so far.
-  uint32_t count_before = 0;
-  unsigned long long mass_before = 0;
-  double mass_goal = 0;
-  for (int high = kKeyBits; high > 0; high -= kDigitBits) {
-    const int shift = max(0, high - kDigitBits), digits = 1 << (high - shift);
-    for (int d = threadIdx.x; d < digits; d += blockDim.x) {
-      histogram->count[d] = 0;
-      histogram->mass_low[d] = 0;
-      histogram->mass_high[d] = 0;
+// The sums over the threads before this one (in thread order), and over the block.
+template <bool kByMass>
+__device__ BinSums BinSumsBefore(BinSums v, BinSums* scratch, BinSums* total) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  auto scan_warp = [&](BinSums s) {
+    for (int o = 1; o < kWarp; o *= 2) {
+      const uint32_t c = __shfl_up_sync(0xffffffffu, s.count, o);
+      const unsigned long long m = kByMass ? __shfl_up_sync(0xffffffffu, s.mass, o) : 0;
+      if (lane >= o) {
+        s.count += c;
+        s.mass += m;
+      }
     }
+    return s;
+  };
+  const BinSums inclusive = scan_warp(v);
+  __syncthreads();
+  if (lane == kWarp - 1) scratch[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const BinSums none = {0, 0};
+    scratch[lane] = scan_warp(lane < blockDim.x / kWarp ? scratch[lane] : none);  // Inclusive.
+  }
+  __syncthreads();
+  *total = scratch[blockDim.x / kWarp - 1];
+  const BinSums before = warp > 0 ? scratch[warp - 1] : BinSums{0, 0};
+  return {before.count + inclusive.count - v.count, before.mass + inclusive.mass - v.mass};
+}
+
+// The smallest RankLimit reaching `goal` over the tokens of `source`. A search from the row that
+// `may_gather`, once the keys of the digit found and those below it fit, gathers them into
+// `shared` during its next pass and reads them instead of the row from then on; a search within
+// its limit can read them too. A search by mass takes 8-bit digits (its bins' masses are sized
+// for 256).
+template <bool kByMass>
+__device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int first_digit_bits,
+                                   bool may_gather, TruncationShared* shared, BinSums* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  DigitHistogram& histogram = shared->histogram;
+  uint32_t prefix = 0;  // The digits found so far.
+  uint32_t count_before = 0;
+  unsigned long long mass_needed = 0;  // What the goal still lacks, from tokens under the prefix.
+  bool gathering = false;              // This pass gathers the keys at or below the prefix.
+  for (int high = kKeyBits, bits = first_digit_bits; high > 0; high -= bits, bits = kDigitBits) {
+    const int shift = max(0, high - bits), digits = 1 << (high - shift);
+    const bool packed = digits > kDigitValues;
+    const int words = kByMass ? 3 * kDigitValues : packed ? digits / 2 : digits;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) histogram.words[w] = 0;
+    if (gathering && threadIdx.x == 0) shared->gathered_count = 0;
     __syncthreads();
-    // Every lane of a warp takes the same number of turns, for the warp-wide match below.
-    for (int first = 0; first < V; first += blockDim.x) {
+    // Every lane of a warp takes the same number of turns, for the warp-wide votes below.
+    const int n = source.Size();
+    for (int first = 0; first < n; first += blockDim.x) {
       const int i = first + threadIdx.x;
       int digit = -1;
       uint32_t mass = 0;
-      if (i < V) {
-        const float s = (row[i] - top) * inv_t;
-        const uint32_t key = RankKey(s);
+      uint32_t key = 0;
+      if (i < n) {
+        key = source.Key(i, *shared);
         if (goal.within.Keeps(key) && (key >> high) == prefix) {
           digit = static_cast<int>((key >> shift) & (digits - 1));
-          if (by_mass && !isnan(s)) mass = __float2uint_rn(expf(s) * kMassUnits);
+          // (The key of −∞, and of NaN, has no mass.)
+          if (kByMass) mass = __float2uint_rn(expf(-__uint_as_float(key)) * kMassUnits);
         }
+      }
+      if (gathering) {
+        // Each warp's keys at consecutive places, one shared-memory add a warp. The pass before
+        // counted these very keys, so they fit.
+        const bool take = i < n && (key >> high) <= prefix;
+        const unsigned takers = __ballot_sync(0xffffffffu, take);
+        int place = 0;
+        if (lane == 0 && takers != 0) place = atomicAdd(&shared->gathered_count, __popc(takers));
+        place = __shfl_sync(0xffffffffu, place, 0) + __popc(takers & ((1u << lane) - 1));
+        if (take) histogram.Gathered()[place] = key;
       }
       // One shared-memory update per digit value a warp holds, not one per token. After the
       // first digit most warps hold none of the tokens still searched.
       if (!__any_sync(0xffffffffu, digit >= 0)) continue;
       const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      const uint32_t peers_mass = by_mass ? __reduce_add_sync(peers, mass) : 0u;
+      const uint32_t peers_mass = kByMass ? __reduce_add_sync(peers, mass) : 0u;
       if (digit >= 0 && lane == __ffs(peers) - 1) {
-        atomicAdd(&histogram->count[digit], static_cast<uint32_t>(__popc(peers)));
-        if (by_mass) histogram->AddMass(digit, peers_mass);
+        histogram.Add(digit, static_cast<uint32_t>(__popc(peers)), peers_mass, kByMass, packed);
       }
     }
     __syncthreads();
-    if (threadIdx.x < kWarp) {
-      // Lane l sums its run of consecutive digit values; a scan over the lanes gives the mass
-      // and count below each run.
-      const int per_lane = digits / kWarp, begin = lane * per_lane;
-      uint32_t count = 0;
-      unsigned long long mass = 0;
-      for (int d = begin; d < begin + per_lane; ++d) {
-        count += histogram->count[d];
-        mass += histogram->Mass(d);
-      }
-      uint32_t count_below = count;
-      unsigned long long mass_below = mass;
-      for (int o = 1; o < kWarp; o *= 2) {
-        const uint32_t c = __shfl_up_sync(0xffffffffu, count_below, o);
-        const unsigned long long m = __shfl_up_sync(0xffffffffu, mass_below, o);
-        if (lane >= o) {
-          count_below += c;
-          mass_below += m;
-        }
-      }
-      count_below -= count;
-      mass_below -= mass;
-      if (high == kKeyBits && goal.count < 0) {
-        // The first pass sees every token the goal counts: their mass sets the goal.
-        const unsigned long long total = __shfl_sync(0xffffffffu, mass_below + mass, kWarp - 1);
-        mass_goal = static_cast<double>(goal.mass_fraction) * static_cast<double>(total);
-      }
-      auto reached = [&](uint32_t c, unsigned long long m) {
-        return goal.count >= 0 ? c >= goal.count : static_cast<double>(m) >= mass_goal;
-      };
-      // The lane whose run holds the first digit value at which the goal is reached.
-      const bool reached_before = reached(count_before + count_below, mass_before + mass_below);
-      const bool reached_after =
-          reached(count_before + count_below + count, mass_before + mass_below + mass);
-      const unsigned crossing = __ballot_sync(0xffffffffu, !reached_before && reached_after);
-      if (crossing == 0) {
-        // Reached before this digit's bins (a goal of nothing), or never (cannot happen): the
-        // smallest digit value.
-        if (lane == 0) *found = {0, true, count_before, mass_before};
-      } else if (lane == __ffs(crossing) - 1) {
-        uint32_t c = count_before + count_below;
-        unsigned long long m = mass_before + mass_below;
+    if (gathering) {
+      source.gathered = shared->gathered_count;
+      gathering = false;
+    }
+    // Thread t sums bins [t·per, t·per + per); a scan over the block gives the sums below each.
+    const int per = (digits + blockDim.x - 1) / blockDim.x;
+    const int begin = min(digits, static_cast<int>(threadIdx.x) * per);
+    const int end = min(digits, begin + per);
+    BinSums mine = {0, 0};
+    for (int d = begin; d < end; ++d) {
+      mine.count += histogram.Count(d, packed);
+      if (kByMass) mine.mass += histogram.Mass(d);
+    }
+    BinSums total;
+    const BinSums below = BinSumsBefore<kByMass>(mine, scratch, &total);
+    // The first pass sees every token the goal counts: their mass sets the goal.
+    if (kByMass && high == kKeyBits) {
+      mass_needed = static_cast<unsigned long long>(
+          ceil(static_cast<double>(goal.mass_fraction) * static_cast<double>(total.mass)));
+    }
+    // Whether the tokens up to c (of all searched) and m (of this pass's bins) reach the goal.
+    auto reached = [&](uint32_t c, unsigned long long m) {
+      return kByMass ? m >= mass_needed : c >= goal.count;
+    };
+    DigitFound f;
+    if (reached(count_before, 0) || !reached(count_before + total.count, total.mass)) {
+      // Reached before this digit's bins (a goal of nothing), or never (cannot happen): the
+      // smallest digit value.
+      f = {0, true, count_before, count_before, 0};
+    } else {
+      uint32_t c = count_before + below.count;
+      unsigned long long m = below.mass;
+      // The one thread whose bins hold the first digit value at which the goal is reached.
+      if (!reached(c, m) && reached(c + mine.count, m + mine.mass)) {
         int d = begin;
         for (;; ++d) {
-          if (reached(c + histogram->count[d], m + histogram->Mass(d))) break;
-          c += histogram->count[d];
-          m += histogram->Mass(d);
+          if (reached(c + histogram.Count(d, packed), kByMass ? m + histogram.Mass(d) : 0)) break;
+          c += histogram.Count(d, packed);
+          if (kByMass) m += histogram.Mass(d);
         }
         // With one token in its bin, or the goal met exactly by the whole bin's count, every
         // token of the bin is kept and no token after it: the digit settles the threshold.
-        const bool settled =
-            histogram->count[d] == 1 || (goal.count >= 0 && c + histogram->count[d] == goal.count);
-        *found = {d, settled, c, m};
+        const uint32_t in_bin = histogram.Count(d, packed), through = c + in_bin;
+        const bool settled = in_bin == 1 || (!kByMass && through == goal.count);
+        // A search by mass needs no count but the bin's own: leaving the others out keeps its
+        // registers within the bound without a spill.
+        shared->found =
+            kByMass ? DigitFound{d, settled, 0, 0, m} : DigitFound{d, settled, c, through, 0};
       }
+      __syncthreads();
+      f = shared->found;
     }
-    __syncthreads();
-    const DigitFound f = *found;
     prefix = prefix << (high - shift) | static_cast<uint32_t>(f.digit);
     count_before = f.count_before;
-    mass_before = f.mass_before;
+    mass_needed -= f.mass_before;
     if (f.settled || shift == 0) return {prefix, shift};
+    if (may_gather && source.gathered < 0 && f.count_through <= DigitHistogram::kGatherCapacity) {
+      // Every key the limit will keep: all that a top-p search within it reads.
+      gathering = true;
+    }
   }
   return {prefix, 0};
 }
@@ -300,15 +397,19 @@ __device__ RankLimit FindRankLimit(const float* row, int V, float top, float inv
 __global__ void __launch_bounds__(kThreads, 2)
     SampleKernel(const float* logits, int V, const SamplingRow* rows, int32_t* ids,
                  float* logprobs) {
-  __shared__ float scratch[kWarp];
-  __shared__ int scratch_int[kWarp];
-  __shared__ RowSummary scratch_summary[kWarp];
-  __shared__ DigitHistogram histogram;
-  __shared__ DigitFound found;
+  // Each use of the scratch begins with a __syncthreads(), so one area serves them all.
+  __shared__ union {
+    float sums[kWarp];
+    int ints[kWarp];
+    RowSummary summaries[kWarp];
+    BinSums bins[kWarp];
+  } scratch;
+  __shared__ TruncationShared truncation;
+  if (threadIdx.x == 0) truncation.gathered_count = -1;
   WaitForPreviousKernel();
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * V;
   const SamplingRow p = rows[blockIdx.x];
-  const RowSummary summary = SummarizeRow(row, V, scratch_summary);
+  const RowSummary summary = SummarizeRow(row, V, scratch.summaries);
   const float top = summary.top;
   const float log_sum = logf(summary.sum);
   // A row with no logit above −FLT_MAX (NaN or −∞ throughout: a broken model) has no first; it
@@ -324,14 +425,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     // three.
     const float inv_t = 1.0f / p.temperature;
     auto score = [&](int i) { return (row[i] - top) * inv_t; };
+    const KeySource from_row = {row, V, top, inv_t, -1};
     RankLimit k_limit, p_limit;
     if (p.top_k > 0 && p.top_k < V) {
-      k_limit = FindRankLimit(row, V, top, inv_t, RankGoal{p.top_k, 0.0f, RankLimit{}}, &histogram,
-                              &found);
+      // Two 16-bit counts a word in the first pass hold a row of fewer than 65,536 tokens.
+      const int first_digit_bits = V < 65536 ? kTopKFirstDigitBits : kDigitBits;
+      k_limit = FindRankLimit<false>(from_row, RankGoal{static_cast<uint32_t>(p.top_k), 0, {}},
+                                     first_digit_bits, true, &truncation, scratch.bins);
     }
     if (p.top_p < 1.0f) {
-      p_limit =
-          FindRankLimit(row, V, top, inv_t, RankGoal{-1, p.top_p, k_limit}, &histogram, &found);
+      const KeySource from_gathered = {row, V, top, inv_t, truncation.gathered_count};
+      p_limit = FindRankLimit<true>(from_gathered, RankGoal{0, p.top_p, k_limit}, kDigitBits, false,
+                                    &truncation, scratch.bins);
     }
     // The lowest score min-p keeps (NaN fails it).
     const float lowest = p.min_p > 0 ? logf(p.min_p) : -INFINITY;
@@ -352,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = begin + lane; i < end; i += kWarp) mine += mass(i);
     const float warp_mass = WarpSum(mine);
     float kept_total;
-    float running = BlockExclusiveScan(lane == 0 ? warp_mass : 0.0f, scratch, &kept_total);
+    float running = BlockExclusiveScan(lane == 0 ? warp_mass : 0.0f, scratch.sums, &kept_total);
     running = __shfl_sync(0xffffffffu, running, 0);
     const double u = static_cast<double>(Mix(Mix(p.seed) ^ p.step) >> 11) * 0x1.0p-53;
     const float target = static_cast<float>(u) * kept_total;
@@ -380,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       if (found_id == V) found_id = last_kept;
     }
-    found_id = BlockMin(lane == 0 ? found_id : V, scratch_int);
+    found_id = BlockMin(lane == 0 ? found_id : V, scratch.ints);
     // A row that keeps no mass (−∞ or NaN throughout) takes the most likely token.
     chosen = found_id < V ? found_id : most_likely;
   }

@@ -79,21 +79,25 @@ TEST(CudaSamplerTest, RowsWithoutAFiniteLogitStillYieldATokenOfTheVocabulary) {
 // Top-k, top-p and min-p over rows as wide as a real vocabulary, flat to peaked: the GPU keeps the
 // tokens the CPU sampler keeps, so with the same seed and step both draw the same token (a kept
 // set off by one token moves most draws). The logits are distinct; at a threshold the GPU keeps
-// tied tokens whole where the CPU cuts them by id.
+// tied tokens whole where the CPU cuts them by id. The last rows have one token far above a
+// crowded tail, as a trained model's often do, where top-k's threshold lies among the crowd.
 TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
   if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  constexpr int kVocab = 32000, kRows = 48, kSteps = 6;
+  constexpr int kVocab = 32000, kFlatRows = 48, kRows = 64, kSteps = 6;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
   for (int r = 0; r < kRows; ++r) {
-    const float spread = 0.25f * static_cast<float>(1 + r % 12);
+    const float spread = r < kFlatRows ? 0.25f * static_cast<float>(1 + r % 12) : 1.0f;
     for (int i = 0; i < kVocab; ++i)
       logits[static_cast<size_t>(r) * kVocab + i] = spread * normal(rng);
+    if (r >= kFlatRows) logits[static_cast<size_t>(r) * kVocab + (997 * r) % kVocab] += 15.0f;
   }
   const DeviceArray<float> device_logits(logits);
   const std::vector<SamplingParams> settings = {
       {.temperature = 1.0f, .top_k = 50},
+      {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f},
+      {.temperature = 0.8f, .top_k = 5},
       {.temperature = 0.7f, .top_p = 0.9f},
       {.temperature = 1.3f, .top_p = 0.5f},
       {.temperature = 1.0f, .min_p = 0.05f},
