@@ -110,13 +110,22 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
       }
     }
   } else {
-    // Candidates by decreasing score (ties: lower id first, so the order is deterministic).
+    // Candidates by decreasing score (ties: lower id first, so the order is deterministic). A
+    // threshold keeps every token tied with the last one it keeps, so which of equal tokens stay
+    // never depends on their ids: as the GPU sampler does, and as top-k does in Hugging Face's
+    // and vLLM's samplers.
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
-    const int32_t keep = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
+    int32_t keep = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
     std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
       return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
     });
+    // The rest of the k-th score's ties, in id order: all come after the ties partial_sort kept.
+    const float kth = scores[ids[keep - 1]];
+    const auto tied_end = std::stable_partition(ids.begin() + keep, ids.end(),
+                                                [&](int32_t id) { return scores[id] == kth; });
+    std::sort(ids.begin() + keep, tied_end);
+    keep = static_cast<int32_t>(tied_end - ids.begin());
     ids.resize(keep);
     std::vector<double> probs(keep);
     double total = 0;
@@ -133,6 +142,8 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
     for (int32_t i = 0; i < kept; ++i) {
       mass += probs[i] / total;
       if (mass >= p.top_p) {
+        const int32_t last = i;
+        while (i + 1 < kept && scores[ids[i + 1]] == scores[ids[last]]) ++i;
         kept = i + 1;
         break;
       }

@@ -62,6 +62,20 @@ TEST(SamplerTest, TopKTopPAndMinPCutTheTail) {
   EXPECT_GT(min_p[2], 0.0);
 }
 
+TEST(SamplerTest, ThresholdsKeepTiedTokensWhole) {
+  // Tokens 1, 2 and 3 tie. Top-k 2 keeps all three; the nucleus of 0.5 reaches it at token 1
+  // (0.4 + 0.2 of 1.1) and keeps its ties. Which of equal tokens stay never depends on their ids.
+  const std::vector<float> logits = LogitsOf({0.4, 0.2, 0.2, 0.2, 0.1});
+  for (const SamplingParams& params : {SamplingParams{.temperature = 1.0f, .top_k = 2},
+                                       SamplingParams{.temperature = 1.0f, .top_p = 0.5f}}) {
+    const auto freq = Frequencies(logits, params, 4000);
+    EXPECT_EQ(freq[4], 0.0) << "top_k " << params.top_k << ", top_p " << params.top_p;
+    for (int id = 1; id <= 3; ++id) {
+      EXPECT_NEAR(freq[id], 0.2, 0.03) << "token " << id << ", top_k " << params.top_k;
+    }
+  }
+}
+
 TEST(SamplerTest, SameSeedSameTokensOtherSeedOtherTokens) {
   const std::vector<float> logits(50, 0.0f);
   std::vector<int32_t> a, b, c;

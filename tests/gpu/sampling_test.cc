@@ -76,59 +76,40 @@ TEST(CudaSamplerTest, RowsWithoutAFiniteLogitStillYieldATokenOfTheVocabulary) {
   }
 }
 
-// Top-k, top-p and min-p over rows as wide as a real vocabulary, flat to peaked: the GPU keeps the
-// tokens the CPU sampler keeps, so with the same seed and step both draw the same token (a kept
-// set off by one token moves most draws). The logits are distinct; at a threshold the GPU keeps
-// tied tokens whole where the CPU cuts them by id. The last rows have one token far above a
-// crowded tail, as a trained model's often do, where top-k's threshold lies among the crowd.
-TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
-  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  constexpr int kVocab = 32000, kFlatRows = 48, kRows = 64, kSteps = 6;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
-  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
-  for (int r = 0; r < kRows; ++r) {
-    const float spread = r < kFlatRows ? 0.25f * static_cast<float>(1 + r % 12) : 1.0f;
-    for (int i = 0; i < kVocab; ++i)
-      logits[static_cast<size_t>(r) * kVocab + i] = spread * normal(rng);
-    if (r >= kFlatRows) logits[static_cast<size_t>(r) * kVocab + (997 * r) % kVocab] += 15.0f;
-  }
+// Draws `kSteps` tokens from each of the rows of `logits` [rows, vocab] with each of `settings`,
+// on the GPU and by the CPU sampler with the same seed and step: both keep the same tokens, so
+// both draw the same token (a kept set off by one token moves most draws). A setting may differ
+// in one draw of all: their masses are summed in other orders and precisions.
+void ExpectTheCpuSamplersDraws(const std::vector<float>& logits, int vocab,
+                               const std::vector<SamplingParams>& settings) {
+  constexpr int kSteps = 6;
+  const int rows = static_cast<int>(logits.size() / vocab);
   const DeviceArray<float> device_logits(logits);
-  const std::vector<SamplingParams> settings = {
-      {.temperature = 1.0f, .top_k = 50},
-      {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f},
-      {.temperature = 0.8f, .top_k = 5},
-      {.temperature = 0.7f, .top_p = 0.9f},
-      {.temperature = 1.3f, .top_p = 0.5f},
-      {.temperature = 1.0f, .min_p = 0.05f},
-      {.temperature = 0.9f, .top_k = 2000, .top_p = 0.95f, .min_p = 0.01f},
-      {.temperature = 1.0f, .top_p = 0.8f, .min_p = 0.2f},
-      {.temperature = 1.0f, .top_k = kVocab - 1}};
   for (size_t setting = 0; setting < settings.size(); ++setting) {
     const SamplingParams& params = settings[setting];
     int same = 0, draws = 0;
     for (uint64_t step = 0; step < kSteps; ++step) {
-      std::vector<cu::SamplingRow> rows;
-      for (int r = 0; r < kRows; ++r) {
-        rows.push_back({.temperature = params.temperature,
-                        .top_k = params.top_k,
-                        .top_p = params.top_p,
-                        .min_p = params.min_p,
-                        .seed = 1000 * setting + r,
-                        .step = step});
+      std::vector<cu::SamplingRow> params_by_row;
+      for (int r = 0; r < rows; ++r) {
+        params_by_row.push_back({.temperature = params.temperature,
+                                 .top_k = params.top_k,
+                                 .top_p = params.top_p,
+                                 .min_p = params.min_p,
+                                 .seed = 1000 * setting + r,
+                                 .step = step});
       }
-      const DeviceArray<cu::SamplingRow> device_rows(rows);
-      DeviceArray<int32_t> ids{std::vector<int32_t>(kRows, -1)};
-      DeviceArray<float> logprobs{std::vector<float>(kRows)};
-      ASSERT_EQ(cu::SampleTokens(device_logits.get(), kRows, kVocab, device_rows.get(), ids.get(),
+      const DeviceArray<cu::SamplingRow> device_params(params_by_row);
+      DeviceArray<int32_t> ids{std::vector<int32_t>(rows, -1)};
+      DeviceArray<float> logprobs{std::vector<float>(rows)};
+      ASSERT_EQ(cu::SampleTokens(device_logits.get(), rows, vocab, device_params.get(), ids.get(),
                                  logprobs.get(), nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const std::vector<int32_t> chosen = ids.ToHost();
-      for (int r = 0; r < kRows; ++r) {
-        const std::span<const float> row(&logits[static_cast<size_t>(r) * kVocab], kVocab);
+      for (int r = 0; r < rows; ++r) {
+        const std::span<const float> row(&logits[static_cast<size_t>(r) * vocab], vocab);
         SamplingParams seeded = params;
-        seeded.seed = rows[r].seed;
+        seeded.seed = params_by_row[r].seed;
         same += chosen[r] == SampleToken(row, seeded, {}, {}, step).id;
         ++draws;
         if (params.top_k > 0) {
@@ -142,6 +123,49 @@ TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
                 same, draws);
     EXPECT_GE(same, draws - 1) << "setting " << setting;
   }
+}
+
+// Top-k, top-p and min-p over rows as wide as a real vocabulary, flat to peaked, their logits
+// distinct. The last rows have one token far above a crowded tail, as a trained model's often do,
+// where top-k's threshold lies among the crowd.
+TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr int kVocab = 32000, kFlatRows = 48, kRows = 64;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  for (int r = 0; r < kRows; ++r) {
+    const float spread = r < kFlatRows ? 0.25f * static_cast<float>(1 + r % 12) : 1.0f;
+    for (int i = 0; i < kVocab; ++i)
+      logits[static_cast<size_t>(r) * kVocab + i] = spread * normal(rng);
+    if (r >= kFlatRows) logits[static_cast<size_t>(r) * kVocab + (997 * r) % kVocab] += 15.0f;
+  }
+  ExpectTheCpuSamplersDraws(logits, kVocab,
+                            {{.temperature = 1.0f, .top_k = 50},
+                             {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f},
+                             {.temperature = 0.8f, .top_k = 5},
+                             {.temperature = 0.7f, .top_p = 0.9f},
+                             {.temperature = 1.3f, .top_p = 0.5f},
+                             {.temperature = 1.0f, .min_p = 0.05f},
+                             {.temperature = 0.9f, .top_k = 2000, .top_p = 0.95f, .min_p = 0.01f},
+                             {.temperature = 1.0f, .top_p = 0.8f, .min_p = 0.2f},
+                             {.temperature = 1.0f, .top_k = kVocab - 1}});
+}
+
+// Logits on a grid of 1/8, so that every threshold falls among tokens of one value: both samplers
+// keep each token tied with the last one a threshold keeps, whatever its id.
+TEST(CudaSamplerTest, ThresholdsKeepTiedTokensWholeAsTheCpuSamplerDoes) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr int kVocab = 32000, kRows = 16;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  for (float& l : logits) l = std::round(8.0f * normal(rng)) / 8.0f;
+  ExpectTheCpuSamplersDraws(logits, kVocab,
+                            {{.temperature = 1.0f, .top_k = 50},
+                             {.temperature = 1.2f, .top_k = 200},
+                             {.temperature = 0.8f, .top_p = 0.9f},
+                             {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f}});
 }
 
 }  // namespace
