@@ -122,8 +122,8 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
     });
     // The rest of the k-th score's ties, in id order: all come after the ties partial_sort kept.
     const float kth = scores[ids[keep - 1]];
-    const auto tied_end = std::stable_partition(ids.begin() + keep, ids.end(),
-                                                [&](int32_t id) { return scores[id] == kth; });
+    const auto tied_end = std::partition(ids.begin() + keep, ids.end(),
+                                         [&](int32_t id) { return scores[id] == kth; });
     std::sort(ids.begin() + keep, tied_end);
     keep = static_cast<int32_t>(tied_end - ids.begin());
     ids.resize(keep);
