@@ -176,7 +176,12 @@ struct SamplingRow {
   uint64_t step;  // Draw counter: the sequence's length when the token is chosen.
 };
 
+// The widest row of logits SampleTokens takes: its bins' masses are exact sums in 32-bit words up
+// to there (kernels/cuda/sampling.cu).
+constexpr int kMaxSamplerVocabulary = (1 << 19) - 1;
+
 // ids[r], logprobs[r]: the token chosen from logits row r [rows, V] and its raw log-softmax.
+// V > kMaxSamplerVocabulary: cudaErrorInvalidValue.
 cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
                          int32_t* ids, float* logprobs, cudaStream_t stream);
 

@@ -143,12 +143,15 @@ __device__ uint64_t Mix(uint64_t x) {
 // bin, and every later pass reads the whole row. With the finer digit the k-th key's bin and those
 // below it usually hold few tokens; once they fit in shared memory, the next pass, which reads the
 // row anyway, gathers their keys there, and the passes after it, top-p's included, read those
-// (bench/README.md v55).
+// (bench/README.md v55). Top-p's own search gathers the same way, where its nucleus fits (v56).
 constexpr uint32_t kKeyOfMinusInf = 0x7f800000u;
 constexpr int kKeyBits = 31, kDigitBits = 8, kTopKFirstDigitBits = 11;
 constexpr int kDigitValues = 1 << kDigitBits;
 // A token's mass exp(s) ≤ 1 in units of 2^−26: a warp's 32 fit in 32 bits.
 constexpr float kMassUnits = 67108864.0f;
+// Where DigitHistogram splits a bin's mass: the low sum stays under V·2^13, the high one at most
+// V·2^26 / 2^13, both under 2^32 for V < 2^19 (kMaxSamplerVocabulary).
+constexpr int kMassLowBits = 13;
 
 __device__ __forceinline__ uint32_t RankKey(float s) {
   return isnan(s) ? kKeyOfMinusInf : __float_as_uint(s) & 0x7fffffffu;
@@ -170,11 +173,13 @@ struct RankLimit {
 // - a pass's counts per digit value in words [0, digits), save that top-k's 11-bit first pass packs
 //   two 16-bit counts a word in [0, 1,024) (it is taken only for rows of fewer than 65,536 tokens,
 //   so no bin overflows);
-// - a pass that also sums masses (top-p's, 8-bit digits) keeps a bin's mass in two 32-bit words,
-//   the low one at kDigitValues + d and the one that counts its carries at 2 kDigitValues + d: a
-//   32-bit add to shared memory is one atomic instruction, a 64-bit one a compare-and-swap loop,
-//   which retries while the block's warps add into the same few bins (v54);
-// - the keys gathered after top-k's first pass in the words after those.
+// - a pass that also sums masses (top-p's, 8-bit digits) keeps a bin's mass in two 32-bit words:
+//   at kDigitValues + d the sum of each add's low kMassLowBits bits, at 2 kDigitValues + d the sum
+//   of the rest. A 32-bit add to shared memory is one atomic instruction, a 64-bit one a
+//   compare-and-swap loop, which retries while the block's warps add into the same few bins
+//   (v54); and split so, neither sum overflows in a row of fewer than 2^19 tokens (each token's
+//   mass is at most 2^26), so no add waits for the value before it to see a carry (v56);
+// - the keys gathered after a search's digit in the words after those.
 struct DigitHistogram {
   static constexpr int kWords = 1648, kGatherCapacity = kWords - 3 * kDigitValues;
   uint32_t words[kWords];
@@ -186,7 +191,7 @@ struct DigitHistogram {
     return packed ? words[d / 2] >> (d % 2 * 16) & 0xffffu : words[d];
   }
   __device__ unsigned long long Mass(int d) const {
-    return static_cast<unsigned long long>(words[2 * kDigitValues + d]) << 32 |
+    return (static_cast<unsigned long long>(words[2 * kDigitValues + d]) << kMassLowBits) +
            words[kDigitValues + d];
   }
   __device__ void Add(int d, uint32_t count, uint32_t mass, bool by_mass, bool packed) {
@@ -196,8 +201,8 @@ struct DigitHistogram {
     }
     atomicAdd(&words[d], count);
     if (!by_mass) return;
-    const uint32_t before = atomicAdd(&words[kDigitValues + d], mass);
-    if (before + mass < before) atomicAdd(&words[2 * kDigitValues + d], 1u);
+    atomicAdd(&words[kDigitValues + d], mass & ((1u << kMassLowBits) - 1));
+    atomicAdd(&words[2 * kDigitValues + d], mass >> kMassLowBits);
   }
 };
 
@@ -312,15 +317,22 @@ __device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int f
       if (gathering) {
         // Each warp's keys at consecutive places, one shared-memory add a warp. The pass before
         // counted these very keys, so they fit.
-        const bool take = i < n && (key >> high) <= prefix;
+        const bool take = i < n && goal.within.Keeps(key) && (key >> high) <= prefix;
         const unsigned takers = __ballot_sync(0xffffffffu, take);
         int place = 0;
         if (lane == 0 && takers != 0) place = atomicAdd(&shared->gathered_count, __popc(takers));
         place = __shfl_sync(0xffffffffu, place, 0) + __popc(takers & ((1u << lane) - 1));
         if (take) histogram.Gathered()[place] = key;
       }
-      // One shared-memory update per digit value a warp holds, not one per token. After the
-      // first digit most warps hold none of the tokens still searched.
+      // A later digit is finer than the spread of the bin it splits, so a warp's tokens mostly
+      // fall in bins of their own: each adds itself. Grouping them by value first (below) made
+      // flat rows' top-p twice as slow (bench/README.md v56). Most warps hold none of them.
+      if (high != kKeyBits) {
+        if (digit >= 0) histogram.Add(digit, 1u, mass, kByMass, packed);
+        continue;
+      }
+      // The first digit, where a row's tokens crowd a few bins: one shared-memory add per digit
+      // value a warp holds, not one per token.
       if (!__any_sync(0xffffffffu, digit >= 0)) continue;
       const unsigned peers = __match_any_sync(0xffffffffu, digit);
       const uint32_t peers_mass = kByMass ? __reduce_add_sync(peers, mass) : 0u;
@@ -373,10 +385,7 @@ __device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int f
         // token of the bin is kept and no token after it: the digit settles the threshold.
         const uint32_t in_bin = histogram.Count(d, packed), through = c + in_bin;
         const bool settled = in_bin == 1 || (!kByMass && through == goal.count);
-        // A search by mass needs no count but the bin's own: leaving the others out keeps its
-        // registers within the bound without a spill.
-        shared->found =
-            kByMass ? DigitFound{d, settled, 0, 0, m} : DigitFound{d, settled, c, through, 0};
+        shared->found = DigitFound{d, settled, c, through, m};
       }
       __syncthreads();
       f = shared->found;
@@ -435,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     if (p.top_p < 1.0f) {
       const KeySource from_gathered = {row, V, top, inv_t, truncation.gathered_count};
-      p_limit = FindRankLimit<true>(from_gathered, RankGoal{0, p.top_p, k_limit}, kDigitBits, false,
+      p_limit = FindRankLimit<true>(from_gathered, RankGoal{0, p.top_p, k_limit}, kDigitBits, true,
                                     &truncation, scratch.bins);
     }
     // The lowest score min-p keeps (NaN fails it).
@@ -499,6 +508,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 cudaError_t SampleTokens(const float* logits, int rows, int V, const SamplingRow* params,
                          int32_t* ids, float* logprobs, cudaStream_t stream) {
+  if (V > kMaxSamplerVocabulary) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   return Launch(SampleKernel, rows, kThreads, 0, stream, logits, V, params, ids, logprobs);
 }

@@ -346,6 +346,11 @@ class CudaEngine : public Engine {
 
 absl::Status CudaEngine::Initialize() {
   const ModelConfig& c = model_->config;
+  if (c.vocab_size > cu::kMaxSamplerVocabulary) {
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size: ", c.vocab_size,
+                                                   " tokens exceed the GPU sampler's ",
+                                                   cu::kMaxSamplerVocabulary));
+  }
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();

@@ -1,4 +1,9 @@
 // The CUDA engine against the golden vectors and against the CPU engine. Skips without a GPU.
+#include "server/engine/cuda_engine.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -7,12 +12,9 @@
 #include <string>
 #include <utility>
 
-#include <cuda_runtime.h>
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda_ops.h"
 #include "server/engine/cpu_engine.h"
-#include "server/engine/cuda_engine.h"
 #include "tests/test_support.h"
 
 namespace ttt {
@@ -651,6 +653,23 @@ TEST(CudaSequenceStepTest, ByDefaultALoneSequenceDecodesThroughThePathTimedFaste
     ASSERT_TRUE(engine.ok()) << engine.status();
     EXPECT_EQ((*engine)->single_sequence_decode(), expected);
   }
+}
+
+// The GPU sampler's sums are exact for rows of up to kMaxSamplerVocabulary logits; a wider model is
+// refused when the engine is made, not at its first sampled token. (No GPU needed: the model is
+// checked first.)
+TEST(CudaEngineTest, RefusesAVocabularyWiderThanTheSamplerTakes) {
+  ModelConfig c;
+  c.vocab_size = kernels::cuda::kMaxSamplerVocabulary + 1;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 8;
+  c.num_hidden_layers = 1;
+  auto engine = CreateCudaEngine(testing::RandomModel(c, 5), {.max_sequences = 1});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("vocab_size: 524288"), std::string::npos)
+      << engine.status();
 }
 
 // A model the single-sequence kernel does not cover (TTT-MLP) decodes at batch 1 through the
