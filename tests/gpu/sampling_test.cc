@@ -152,6 +152,29 @@ TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
                              {.temperature = 1.0f, .top_k = kVocab - 1}});
 }
 
+// Vocabularies of other sizes take other paths: GPT-2's 50,257 tokens are no whole number of
+// 16-byte loads, and from 65,536 tokens on top-k's first digit is 8 bits, its counts unpacked
+// (Llama 3's 128,256).
+TEST(CudaSamplerTest, OtherVocabularySizesMatchTheCpuSampler) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  for (const int vocab : {50257, 128256}) {
+    SCOPED_TRACE(vocab);
+    constexpr int kRows = 16;
+    std::mt19937 rng(vocab);
+    std::normal_distribution<float> normal;
+    std::vector<float> logits(static_cast<size_t>(kRows) * vocab);
+    for (int r = 0; r < kRows; ++r) {
+      for (int i = 0; i < vocab; ++i) logits[static_cast<size_t>(r) * vocab + i] = normal(rng);
+      if (r % 2 == 1) logits[static_cast<size_t>(r) * vocab + (7919 * r) % vocab] += 15.0f;
+    }
+    ExpectTheCpuSamplersDraws(logits, vocab,
+                              {{.temperature = 1.0f, .top_k = 50},
+                               {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f},
+                               {.temperature = 0.7f, .top_p = 0.9f},
+                               {.temperature = 1.0f, .top_k = 2000, .min_p = 0.01f}});
+  }
+}
+
 // Logits on a grid of 1/8, so that every threshold falls among tokens of one value: both samplers
 // keep each token tied with the last one a threshold keeps, whatever its id.
 TEST(CudaSamplerTest, ThresholdsKeepTiedTokensWholeAsTheCpuSamplerDoes) {
