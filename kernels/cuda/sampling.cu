@@ -142,8 +142,10 @@ __device__ uint64_t Mix(uint64_t x) {
 // exponent alone a row's tail (most of it, when one token stands far above the rest) shares one
 // bin, and every later pass reads the whole row. With the finer digit the k-th key's bin and those
 // below it usually hold few tokens; once they fit in shared memory, the next pass, which reads the
-// row anyway, gathers their keys there, and the passes after it, top-p's included, read those
-// (bench/README.md v55). Top-p's own search gathers the same way, where its nucleus fits (v56).
+// row anyway, gathers their ids there, and the passes after it, top-p's included, read those
+// tokens alone (bench/README.md v55). Top-p's own search gathers the same way, where its nucleus
+// fits (v56). The gathered tokens hold every kept one, so where few are kept the draw walks them
+// instead of the row (v57).
 constexpr uint32_t kKeyOfMinusInf = 0x7f800000u;
 constexpr int kKeyBits = 31, kDigitBits = 8, kTopKFirstDigitBits = 11;
 constexpr int kDigitValues = 1 << kDigitBits;
@@ -179,7 +181,7 @@ struct RankLimit {
 //   compare-and-swap loop, which retries while the block's warps add into the same few bins
 //   (v54); and split so, neither sum overflows in a row of fewer than 2^19 tokens (each token's
 //   mass is at most 2^26), so no add waits for the value before it to see a carry (v56);
-// - the keys gathered after a search's digit in the words after those.
+// - the ids of the tokens gathered after a search's digit in the words after those.
 struct DigitHistogram {
   static constexpr int kWords = 1648, kGatherCapacity = kWords - 3 * kDigitValues;
   uint32_t words[kWords];
@@ -225,20 +227,19 @@ struct DigitFound {
 struct TruncationShared {
   DigitHistogram histogram;
   DigitFound found;
-  int gathered_count;  // −1: no keys gathered.
+  int gathered_count;  // −1: no tokens gathered.
+  int kept_count;      // Of the gathered tokens, those the draw keeps.
 };
 
-// The tokens a search reads: the row's tempered scores, or the keys gathered in shared memory.
+// The tokens a search reads: the whole row, or those gathered in shared memory.
 struct KeySource {
   const float* row;
   int V;
   float top, inv_t;
-  int gathered;  // How many keys TruncationShared holds; −1: read the row.
+  int gathered;  // How many ids TruncationShared holds; −1: read the row.
 
   __device__ int Size() const { return gathered >= 0 ? gathered : V; }
-  __device__ uint32_t Key(int i, const TruncationShared& shared) const {
-    return gathered >= 0 ? shared.histogram.Gathered()[i] : RankKey((row[i] - top) * inv_t);
-  }
+  __device__ uint32_t KeyOf(int id) const { return RankKey((row[id] - top) * inv_t); }
 };
 
 // What FindRankLimit looks for: the smallest threshold whose kept tokens number at least `count`,
@@ -279,9 +280,9 @@ __device__ BinSums BinSumsBefore(BinSums v, BinSums* scratch, BinSums* total) {
 }
 
 // The smallest RankLimit reaching `goal` over the tokens of `source`. A search from the row that
-// `may_gather`, once the keys of the digit found and those below it fit, gathers them into
-// `shared` during its next pass and reads them instead of the row from then on; a search within
-// its limit can read them too. A search by mass takes 8-bit digits (its bins' masses are sized
+// `may_gather`, once the tokens of the digit found and those below it fit, gathers their ids into
+// `shared` during its next pass and reads those tokens alone from then on; a search within its
+// limit can read them too. A search by mass takes 8-bit digits (its bins' masses are sized
 // for 256).
 template <bool kByMass>
 __device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int first_digit_bits,
@@ -299,46 +300,57 @@ __device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int f
     for (int w = threadIdx.x; w < words; w += blockDim.x) histogram.words[w] = 0;
     if (gathering && threadIdx.x == 0) shared->gathered_count = 0;
     __syncthreads();
-    // Every lane of a warp takes the same number of turns, for the warp-wide votes below.
+    // The pass over the tokens, `key_of(i)` the i-th's key. Every lane of a warp takes the same
+    // number of turns, for the warp-wide votes below.
     const int n = source.Size();
-    for (int first = 0; first < n; first += blockDim.x) {
-      const int i = first + threadIdx.x;
-      int digit = -1;
-      uint32_t mass = 0;
-      uint32_t key = 0;
-      if (i < n) {
-        key = source.Key(i, *shared);
-        if (goal.within.Keeps(key) && (key >> high) == prefix) {
-          digit = static_cast<int>((key >> shift) & (digits - 1));
-          // (The key of −∞, and of NaN, has no mass.)
-          if (kByMass) mass = __float2uint_rn(expf(-__uint_as_float(key)) * kMassUnits);
+    auto pass = [&](auto key_of) {
+      for (int first = 0; first < n; first += blockDim.x) {
+        const int i = first + threadIdx.x;
+        int digit = -1;
+        uint32_t mass = 0;
+        uint32_t key = 0;
+        if (i < n) {
+          key = key_of(i);
+          if (goal.within.Keeps(key) && (key >> high) == prefix) {
+            digit = static_cast<int>((key >> shift) & (digits - 1));
+            // (The key of −∞, and of NaN, has no mass.)
+            if (kByMass) mass = __float2uint_rn(expf(-__uint_as_float(key)) * kMassUnits);
+          }
+        }
+        if (gathering) {
+          // Each warp's ids at consecutive places, one shared-memory add a warp. The pass before
+          // counted these very tokens, so they fit.
+          const bool take = i < n && goal.within.Keeps(key) && (key >> high) <= prefix;
+          const unsigned takers = __ballot_sync(0xffffffffu, take);
+          int place = 0;
+          if (lane == 0 && takers != 0) place = atomicAdd(&shared->gathered_count, __popc(takers));
+          place = __shfl_sync(0xffffffffu, place, 0) + __popc(takers & ((1u << lane) - 1));
+          if (take) histogram.Gathered()[place] = i;  // Read from the row: i is the id.
+        }
+        // A later digit is finer than the spread of the bin it splits, so a warp's tokens mostly
+        // fall in bins of their own: each adds itself. Grouping them by value first (below) made
+        // flat rows' top-p twice as slow (bench/README.md v56). Most warps hold none of them.
+        if (high != kKeyBits) {
+          if (digit >= 0) histogram.Add(digit, 1u, mass, kByMass, packed);
+          continue;
+        }
+        // The first digit, where a row's tokens crowd a few bins: one shared-memory add per digit
+        // value a warp holds, not one per token.
+        if (!__any_sync(0xffffffffu, digit >= 0)) continue;
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        const uint32_t peers_mass = kByMass ? __reduce_add_sync(peers, mass) : 0u;
+        if (digit >= 0 && lane == __ffs(peers) - 1) {
+          histogram.Add(digit, static_cast<uint32_t>(__popc(peers)), peers_mass, kByMass, packed);
         }
       }
-      if (gathering) {
-        // Each warp's keys at consecutive places, one shared-memory add a warp. The pass before
-        // counted these very keys, so they fit.
-        const bool take = i < n && goal.within.Keeps(key) && (key >> high) <= prefix;
-        const unsigned takers = __ballot_sync(0xffffffffu, take);
-        int place = 0;
-        if (lane == 0 && takers != 0) place = atomicAdd(&shared->gathered_count, __popc(takers));
-        place = __shfl_sync(0xffffffffu, place, 0) + __popc(takers & ((1u << lane) - 1));
-        if (take) histogram.Gathered()[place] = key;
-      }
-      // A later digit is finer than the spread of the bin it splits, so a warp's tokens mostly
-      // fall in bins of their own: each adds itself. Grouping them by value first (below) made
-      // flat rows' top-p twice as slow (bench/README.md v56). Most warps hold none of them.
-      if (high != kKeyBits) {
-        if (digit >= 0) histogram.Add(digit, 1u, mass, kByMass, packed);
-        continue;
-      }
-      // The first digit, where a row's tokens crowd a few bins: one shared-memory add per digit
-      // value a warp holds, not one per token.
-      if (!__any_sync(0xffffffffu, digit >= 0)) continue;
-      const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      const uint32_t peers_mass = kByMass ? __reduce_add_sync(peers, mass) : 0u;
-      if (digit >= 0 && lane == __ffs(peers) - 1) {
-        histogram.Add(digit, static_cast<uint32_t>(__popc(peers)), peers_mass, kByMass, packed);
-      }
+    };
+    // A loop each, so that the row's loads wait on no shared-memory read: in one loop, either
+    // form of the key made the passes over the row slower (top-k 5,000 +11 µs, v57).
+    if (source.gathered >= 0) {
+      const uint32_t* ids = histogram.Gathered();
+      pass([&](int i) { return source.KeyOf(static_cast<int>(ids[i])); });
+    } else {
+      pass([&](int i) { return source.KeyOf(i); });
     }
     __syncthreads();
     if (gathering) {
@@ -395,11 +407,114 @@ __device__ RankLimit FindRankLimit(KeySource source, const RankGoal& goal, int f
     mass_needed -= f.mass_before;
     if (f.settled || shift == 0) return {prefix, shift};
     if (may_gather && source.gathered < 0 && f.count_through <= DigitHistogram::kGatherCapacity) {
-      // Every key the limit will keep: all that a top-p search within it reads.
+      // Every token the limit will keep: all that a top-p search within it reads.
       gathering = true;
     }
   }
   return {prefix, 0};
+}
+
+// ---- The draw ---------------------------------------------------------------------------------
+//
+// u times the kept mass falls in one kept token's share, walking the kept tokens in id order, as
+// the CPU sampler does. `mass(id)`: exp of the token's tempered score where it is kept, else 0.
+
+// The draw over the whole row: V where nothing is kept. Warp w owns a contiguous run of ids and
+// reads it 32 ids at a time, so every load is coalesced.
+template <typename Mass>
+__device__ int DrawFromRow(int V, Mass mass, double u, float* scratch_sums, int* scratch_ints) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  const int run = (V + warps * kWarp - 1) / (warps * kWarp) * kWarp;
+  const int begin = min(V, warp * run), end = min(V, begin + run);
+  auto run_mass = [&](int i) { return i < end ? mass(i) : 0.0f; };
+  float mine = 0;
+  for (int i = begin + lane; i < end; i += kWarp) mine += mass(i);
+  const float warp_mass = WarpSum(mine);
+  float kept_total;
+  float running = BlockExclusiveScan(lane == 0 ? warp_mass : 0.0f, scratch_sums, &kept_total);
+  running = __shfl_sync(0xffffffffu, running, 0);
+  const float target = static_cast<float>(u) * kept_total;
+  int found_id = V, last_kept = V;
+  if (running <= target && target < running + warp_mass) {
+    // 32 ids a round: the round's masses summed across the lanes in id order. Rounding can leave
+    // the target past the run's last kept token (the sums above went in another order): that
+    // token is taken.
+    for (int first = begin; first < end && found_id == V; first += kWarp) {
+      const int i = first + lane;
+      const float e = run_mass(i);
+      float through = e;  // This round's mass up to and including lane's id.
+      for (int o = 1; o < kWarp; o *= 2) {
+        const float before = __shfl_up_sync(0xffffffffu, through, o);
+        if (lane >= o) through += before;
+      }
+      const unsigned crossed = __ballot_sync(0xffffffffu, e > 0 && target < running + through);
+      const unsigned any_kept = __ballot_sync(0xffffffffu, e > 0);
+      if (crossed != 0) {
+        found_id = first + __ffs(crossed) - 1;
+      } else if (any_kept != 0) {
+        last_kept = first + kWarp - __clz(any_kept) - 1;
+      }
+      running += __shfl_sync(0xffffffffu, through, kWarp - 1);
+    }
+    if (found_id == V) found_id = last_kept;
+  }
+  return BlockMin(lane == 0 ? found_id : V, scratch_ints);
+}
+
+// Kept tokens the draw over gathered tokens takes at most: it ranks them by id, each against all.
+constexpr int kMostKeptFromGathered = 256;
+static_assert(DigitHistogram::kGatherCapacity <= kThreads, "a gathered token a thread");
+static_assert(2 * kMostKeptFromGathered <= 3 * kDigitValues, "kept tokens below the gathered");
+
+// The draw over the `n` tokens gathered in `shared` (which hold every kept token, and whose words
+// before them no search needs any more): DrawFromRow's, over the kept ones alone. V where nothing
+// is kept; −1 where more are kept than it takes (the row's draw is then taken). A top-k's draw
+// read the whole row for ~50 tokens (bench/README.md v57).
+template <typename Mass>
+__device__ int DrawFromGathered(int n, int V, Mass mass, double u, TruncationShared* shared,
+                                float* scratch_sums, int* scratch_ints) {
+  uint32_t* kept_ids = shared->histogram.words;
+  float* kept_masses = reinterpret_cast<float*>(kept_ids + kMostKeptFromGathered);
+  const int lane = threadIdx.x % kWarp, t = threadIdx.x;
+  if (t == 0) shared->kept_count = 0;
+  __syncthreads();
+  // The kept tokens, in the order warps reach them.
+  const uint32_t id = t < n ? shared->histogram.Gathered()[t] : 0;
+  const float e = t < n ? mass(static_cast<int>(id)) : 0.0f;
+  const unsigned takers = __ballot_sync(0xffffffffu, e > 0);
+  int place = 0;
+  if (lane == 0 && takers != 0) place = atomicAdd(&shared->kept_count, __popc(takers));
+  place = __shfl_sync(0xffffffffu, place, 0) + __popc(takers & ((1u << lane) - 1));
+  if (e > 0 && place < kMostKeptFromGathered) {
+    kept_ids[place] = id;
+    kept_masses[place] = e;
+  }
+  __syncthreads();
+  const int kept = shared->kept_count;
+  if (kept == 0) return V;
+  if (kept > kMostKeptFromGathered) return -1;
+  // In id order (ids are distinct), so that the sums below go in one order on every run.
+  uint32_t my_id = 0;
+  float my_mass = 0;
+  int rank = 0;
+  if (t < kept) {
+    my_id = kept_ids[t];
+    my_mass = kept_masses[t];
+    for (int j = 0; j < kept; ++j) rank += kept_ids[j] < my_id;
+  }
+  __syncthreads();
+  if (t < kept) {
+    kept_ids[rank] = my_id;
+    kept_masses[rank] = my_mass;
+  }
+  __syncthreads();
+  const float v = t < kept ? kept_masses[t] : 0.0f;
+  float kept_total;
+  const float running = BlockExclusiveScan(v, scratch_sums, &kept_total);
+  const float target = static_cast<float>(u) * kept_total;
+  const int crossing = BlockMin(t < kept && target < running + v ? t : INT_MAX, scratch_ints);
+  // Rounding can leave the target past the last kept token: that token is taken.
+  return static_cast<int>(kept_ids[crossing == INT_MAX ? kept - 1 : crossing]);
 }
 
 // Two blocks an SM, so 32 registers a thread: with more, a step's 256 rows take two waves.
@@ -449,52 +564,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // The lowest score min-p keeps (NaN fails it).
     const float lowest = p.min_p > 0 ? logf(p.min_p) : -INFINITY;
-    auto kept = [&](float s) {
-      const uint32_t key = RankKey(s);
-      return s >= lowest && k_limit.Keeps(key) && p_limit.Keeps(key);
-    };
-    // Draw: u times the kept mass falls in one kept token's share, walking ids in order. Warp w
-    // owns a contiguous run of ids and reads it 32 ids at a time, so every load is coalesced.
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-    const int run = (V + warps * kWarp - 1) / (warps * kWarp) * kWarp;
-    const int begin = min(V, warp * run), end = min(V, begin + run);
     auto mass = [&](int i) {
-      const float s = i < end ? score(i) : -INFINITY;
-      return kept(s) ? expf(s) : 0.0f;
+      const float s = score(i);
+      const uint32_t key = RankKey(s);
+      return s >= lowest && k_limit.Keeps(key) && p_limit.Keeps(key) ? expf(s) : 0.0f;
     };
-    float mine = 0;
-    for (int i = begin + lane; i < end; i += kWarp) mine += mass(i);
-    const float warp_mass = WarpSum(mine);
-    float kept_total;
-    float running = BlockExclusiveScan(lane == 0 ? warp_mass : 0.0f, scratch.sums, &kept_total);
-    running = __shfl_sync(0xffffffffu, running, 0);
     const double u = static_cast<double>(Mix(Mix(p.seed) ^ p.step) >> 11) * 0x1.0p-53;
-    const float target = static_cast<float>(u) * kept_total;
-    int found_id = V, last_kept = V;
-    if (running <= target && target < running + warp_mass) {
-      // 32 ids a round: the round's masses summed across the lanes in id order. Rounding can
-      // leave the target past the run's last kept token (the sums above went in another order):
-      // that token is taken.
-      for (int first = begin; first < end && found_id == V; first += kWarp) {
-        const int i = first + lane;
-        const float e = mass(i);
-        float through = e;  // This round's mass up to and including lane's id.
-        for (int o = 1; o < kWarp; o *= 2) {
-          const float before = __shfl_up_sync(0xffffffffu, through, o);
-          if (lane >= o) through += before;
-        }
-        const unsigned crossed = __ballot_sync(0xffffffffu, e > 0 && target < running + through);
-        const unsigned any_kept = __ballot_sync(0xffffffffu, e > 0);
-        if (crossed != 0) {
-          found_id = first + __ffs(crossed) - 1;
-        } else if (any_kept != 0) {
-          last_kept = first + kWarp - __clz(any_kept) - 1;
-        }
-        running += __shfl_sync(0xffffffffu, through, kWarp - 1);
-      }
-      if (found_id == V) found_id = last_kept;
+    int found_id = -1;
+    if (truncation.gathered_count >= 0) {
+      found_id = DrawFromGathered(truncation.gathered_count, V, mass, u, &truncation, scratch.sums,
+                                  scratch.ints);
     }
-    found_id = BlockMin(lane == 0 ? found_id : V, scratch.ints);
+    if (found_id < 0) found_id = DrawFromRow(V, mass, u, scratch.sums, scratch.ints);
     // A row that keeps no mass (−∞ or NaN throughout) takes the most likely token.
     chosen = found_id < V ? found_id : most_likely;
   }

@@ -127,7 +127,8 @@ void ExpectTheCpuSamplersDraws(const std::vector<float>& logits, int vocab,
 
 // Top-k, top-p and min-p over rows as wide as a real vocabulary, flat to peaked, their logits
 // distinct. The last rows have one token far above a crowded tail, as a trained model's often do,
-// where top-k's threshold lies among the crowd.
+// where top-k's threshold lies among the crowd. Top-k 50 draws from the tokens its search
+// gathered; top-k 400, where it gathers, keeps more than that draw takes and walks the row.
 TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
   if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
   constexpr int kVocab = 32000, kFlatRows = 48, kRows = 64;
@@ -144,6 +145,7 @@ TEST(CudaSamplerTest, TruncatedDrawsMatchTheCpuSampler) {
                             {{.temperature = 1.0f, .top_k = 50},
                              {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f},
                              {.temperature = 0.8f, .top_k = 5},
+                             {.temperature = 1.0f, .top_k = 400},
                              {.temperature = 0.7f, .top_p = 0.9f},
                              {.temperature = 1.3f, .top_p = 0.5f},
                              {.temperature = 1.0f, .min_p = 0.05f},
