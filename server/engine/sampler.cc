@@ -110,20 +110,29 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
       }
     }
   } else {
-    // Candidates by decreasing score (ties: lower id first, so the order is deterministic). A
-    // threshold keeps every token tied with the last one it keeps, so which of equal tokens stay
-    // never depends on their ids: as the GPU sampler does, and as top-k does in Hugging Face's
-    // and vLLM's samplers.
+    // Candidates by decreasing tempered score (l − top)/T in float, as the GPU sampler ranks
+    // them, so that both keep the same tokens where rounding makes distinct logits tie (ties:
+    // lower id first, so the order is deterministic). A threshold keeps every token tied with
+    // the last one it keeps, so which of equal tokens stay never depends on their ids: as the GPU
+    // sampler does, and as top-k does in Hugging Face's and vLLM's samplers, which also compare
+    // scores after temperature.
+    const float top = *std::max_element(scores.begin(), scores.end());
+    const float inv_t = 1.0f / p.temperature;
+    std::vector<float> ranks(vocab);
+    std::transform(scores.begin(), scores.end(), ranks.begin(), [&](float score) {
+      const float tempered = (score - top) * inv_t;
+      return std::isnan(tempered) ? -std::numeric_limits<float>::infinity() : tempered;
+    });
     std::vector<int32_t> ids(vocab);
     std::iota(ids.begin(), ids.end(), 0);
     int32_t keep = p.top_k > 0 ? std::min(p.top_k, vocab) : vocab;
     std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
-      return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
+      return ranks[a] != ranks[b] ? ranks[a] > ranks[b] : a < b;
     });
-    // The rest of the k-th score's ties, in id order: all come after the ties partial_sort kept.
-    const float kth = scores[ids[keep - 1]];
-    const auto tied_end = std::partition(ids.begin() + keep, ids.end(),
-                                         [&](int32_t id) { return scores[id] == kth; });
+    // The rest of the k-th rank's ties, in id order: all come after the ties partial_sort kept.
+    const float kth = ranks[ids[keep - 1]];
+    const auto tied_end =
+        std::partition(ids.begin() + keep, ids.end(), [&](int32_t id) { return ranks[id] == kth; });
     std::sort(ids.begin() + keep, tied_end);
     keep = static_cast<int32_t>(tied_end - ids.begin());
     ids.resize(keep);
@@ -143,7 +152,7 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
       mass += probs[i] / total;
       if (mass >= p.top_p) {
         const int32_t last = i;
-        while (i + 1 < kept && scores[ids[i + 1]] == scores[ids[last]]) ++i;
+        while (i + 1 < kept && ranks[ids[i + 1]] == ranks[ids[last]]) ++i;
         kept = i + 1;
         break;
       }

@@ -76,6 +76,16 @@ TEST(SamplerTest, ThresholdsKeepTiedTokensWhole) {
   }
 }
 
+TEST(SamplerTest, ThresholdsRankByTemperedScores) {
+  // At temperature 10, −3 and the float just below it lie 13 under the top, where their tempered
+  // scores round to one value: top-k 2 keeps both, as the GPU sampler, which ranks by that
+  // score, does. Token 3 is last by its logit.
+  const std::vector<float> logits = {10.0f, -3.0f, -50.0f, std::nextafter(-3.0f, -50.0f)};
+  const auto freq = Frequencies(logits, {.temperature = 10.0f, .top_k = 2}, 4000);
+  EXPECT_GT(freq[3], 0.1);
+  EXPECT_EQ(freq[2], 0.0);
+}
+
 TEST(SamplerTest, SameSeedSameTokensOtherSeedOtherTokens) {
   const std::vector<float> logits(50, 0.0f);
   std::vector<int32_t> a, b, c;

@@ -113,8 +113,11 @@ void ExpectTheCpuSamplersDraws(const std::vector<float>& logits, int vocab,
         same += chosen[r] == SampleToken(row, seeded, {}, {}, step).id;
         ++draws;
         if (params.top_k > 0) {
-          const auto above =
-              std::count_if(row.begin(), row.end(), [&](float l) { return l > row[chosen[r]]; });
+          // Ranked as both samplers rank: by the tempered score.
+          const float top = *std::max_element(row.begin(), row.end());
+          auto score = [&](float l) { return (l - top) * (1.0f / params.temperature); };
+          const auto above = std::count_if(
+              row.begin(), row.end(), [&](float l) { return score(l) > score(row[chosen[r]]); });
           EXPECT_LT(above, params.top_k) << "row " << r << ", step " << step;
         }
       }
@@ -191,6 +194,27 @@ TEST(CudaSamplerTest, ThresholdsKeepTiedTokensWholeAsTheCpuSamplerDoes) {
                              {.temperature = 1.2f, .top_k = 200},
                              {.temperature = 0.8f, .top_p = 0.9f},
                              {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f}});
+}
+
+// Both samplers rank by the tempered score in float: at temperature 10 the logits −3 and the float
+// just below it, 13 under the top, round to one score, so top-k 2 keeps both tied tokens on
+// either backend (the CPU sampler had ranked by the logit and kept one).
+TEST(CudaSamplerTest, TopKRanksByTemperedScoresAsTheCpuSamplerDoes) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  constexpr int kVocab = 1000, kRows = 16;
+  const float second = -3.0f, third = std::nextafter(second, -INFINITY);
+  ASSERT_EQ((second - 10.0f) * (1.0f / 10.0f), (third - 10.0f) * (1.0f / 10.0f));
+  std::vector<float> logits(static_cast<size_t>(kRows) * kVocab);
+  for (int r = 0; r < kRows; ++r) {
+    float* row = &logits[static_cast<size_t>(r) * kVocab];
+    for (int i = 0; i < kVocab; ++i) row[i] = -50.0f - 0.001f * static_cast<float>(i);
+    row[(37 * r + 5) % kVocab] = 10.0f;
+    row[(91 * r + 500) % kVocab] = second;
+    row[(53 * r + 250) % kVocab] = third;
+  }
+  ExpectTheCpuSamplersDraws(
+      logits, kVocab,
+      {{.temperature = 10.0f, .top_k = 2}, {.temperature = 10.0f, .top_k = 2, .top_p = 0.99f}});
 }
 
 }  // namespace
