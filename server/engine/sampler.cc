@@ -110,7 +110,7 @@ SampledToken SampleToken(std::span<const float> logits, const SamplingParams& p,
       }
     }
   } else {
-    // Candidates by decreasing tempered score (l − top)/T in float, as the GPU sampler ranks
+    // Candidates by decreasing tempered score (l − top)·(1/T) in float, as the GPU sampler ranks
     // them, so that both keep the same tokens where rounding makes distinct logits tie (ties:
     // lower id first, so the order is deterministic). A threshold keeps every token tied with
     // the last one it keeps, so which of equal tokens stay never depends on their ids: as the GPU

@@ -32,10 +32,10 @@ struct SampledToken {
 // Picks a token from `logits` [vocab]. `prompt` and `output` are the sequence's tokens so far (for
 // the penalties). The kept set: of the top-k tokens, the nucleus that reaches top_p of their
 // probability and those at least min_p as likely as the most likely (both), where top-k and top-p
-// rank tokens by their tempered scores (l − max)/T in float and keep every token tied with the
-// last they keep; the draw walks them in id order with u = a
-// counter-based random number of (seed, step), so a request replays exactly. `step` is the
-// sequence's length when the token is chosen.
+// rank tokens by their tempered scores (l − max)·(1/T) in float and keep every token tied with the
+// last they keep; the draw walks them in id order with u = a counter-based random number of
+// (seed, step), so a request replays exactly. `step` is the sequence's length when the token is
+// chosen.
 SampledToken SampleToken(std::span<const float> logits, const SamplingParams& params,
                          std::span<const int32_t> prompt, std::span<const int32_t> output,
                          uint64_t step);
