@@ -481,7 +481,7 @@ void MeasureOurs(const Product& p, const std::string& name, int tile_rows, int t
 // SwizzledTileMap's map, or the program ends with the error.
 CUtensorMap TileMap(const bf16* matrix, int rows, int in, int box_rows) {
   CUtensorMap map;
-  CHECK_CUDA(ttt::kernels::cuda::SwizzledTileMap(matrix, rows, in, box_rows, &map));
+  CHECK_CUDA(ttt::kernels::cuda::SwizzledTileMap(matrix, rows, in, box_rows, 1, &map));
   return map;
 }
 

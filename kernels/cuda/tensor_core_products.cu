@@ -336,10 +336,11 @@ template <int kN, Epilogue kEpilogue>
 cudaError_t LaunchProduct(const bf16* x, int rows, int in, const bf16* w, int out,
                           const EpilogueArgs& e, cudaStream_t stream) {
   CUtensorMap x_map, w_map;
-  if (cudaError_t error = SwizzledTileMap(x, rows, in, kTileRows, &x_map); error != cudaSuccess) {
+  if (cudaError_t error = SwizzledTileMap(x, rows, in, kTileRows, 1, &x_map);
+      error != cudaSuccess) {
     return error;
   }
-  if (cudaError_t error = SwizzledTileMap(w, out, in, kN, &w_map); error != cudaSuccess)
+  if (cudaError_t error = SwizzledTileMap(w, out, in, kN, 1, &w_map); error != cudaSuccess)
     return error;
   const int stages = Stages<kN>(in);
   const dim3 grid((out + kN - 1) / kN, (rows + kTileRows - 1) / kTileRows);
@@ -358,15 +359,24 @@ cudaError_t AllowSharedMemory() {
 
 }  // namespace
 
-cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, CUtensorMap* map) {
+cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, int slices,
+                            CUtensorMap* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(in), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {sizeof(bf16) * static_cast<cuuint64_t>(in)};
-  const cuuint32_t box[2] = {kSliceIn, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  if (slices > 1 && in % kSliceIn != 0) return cudaErrorInvalidValue;
+  // Several slices a box: the matrix as [in / kSliceIn slices][rows][kSliceIn], so that a box
+  // lands as `slices` swizzled tiles one after another.
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(slices > 1 ? kSliceIn : in),
+                              static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(in / kSliceIn)};
+  const cuuint64_t strides[2] = {sizeof(bf16) * static_cast<cuuint64_t>(in),
+                                 sizeof(bf16) * kSliceIn};
+  const cuuint32_t box[3] = {kSliceIn, static_cast<cuuint32_t>(box_rows),
+                             static_cast<cuuint32_t>(slices)},
+                   unit[3] = {1, 1, 1};
   const CUresult result =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(matrix), dims, strides,
-             box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, slices > 1 ? 3 : 2, const_cast<bf16*>(matrix),
+             dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

@@ -163,9 +163,11 @@ __device__ __forceinline__ void MultiplySlices(float* d, uint64_t* full, int sta
 
 // A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × kSliceIn swizzled
 // as SwizzledTile's descriptors expect; reads past its rows or columns give zeros
-// (cudaErrorNotSupported where the driver has no tensor maps). Host code, in
+// (cudaErrorNotSupported where the driver has no tensor maps). With `slices` > 1 (`in` a multiple
+// of kSliceIn) a box is that many slices of K side by side, landing as as many such tiles one
+// after another, in one copy (ttt-l2-stream times both; slices past K are zeros). Host code, in
 // tensor_core_products.cu.
-cudaError_t SwizzledTileMap(const __nv_bfloat16* matrix, int rows, int in, int box_rows,
+cudaError_t SwizzledTileMap(const __nv_bfloat16* matrix, int rows, int in, int box_rows, int slices,
                             CUtensorMap* map);
 
 }  // namespace ttt::kernels::cuda
