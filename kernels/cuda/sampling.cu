@@ -187,7 +187,6 @@ struct DigitHistogram {
   uint32_t words[kWords];
 
   __device__ uint32_t* Gathered() { return words + 3 * kDigitValues; }
-  __device__ const uint32_t* Gathered() const { return words + 3 * kDigitValues; }
 
   __device__ uint32_t Count(int d, bool packed) const {
     return packed ? words[d / 2] >> (d % 2 * 16) & 0xffffu : words[d];

@@ -36,7 +36,8 @@ float LogSoftmaxAt(std::span<const float> logits, int32_t id) {
 
 absl::Status ValidateSamplingParams(const SamplingParams& p) {
   auto bad = [](std::string_view field, float value, std::string_view rule) {
-    return absl::InvalidArgumentError(absl::StrCat(AbslView(field), " = ", value, ": ", AbslView(rule)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AbslView(field), " = ", value, ": ", AbslView(rule)));
   };
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature)) {
     return bad("temperature", p.temperature, "must be finite and >= 0");
