@@ -5,7 +5,7 @@
 //   copy               cudaMemcpy of the same number of bytes (the roofline's bandwidth).
 //   warp_per_item      a warp per (sequence, head), W1 copied to shared memory with cp.async all at
 //                      once, as the decode kernel does; warp_per_half_item and _quarter_item: two
-//                      or four warps per (sequence, head), each copying its part (more warps an SM).
+//                      or four warps an item, each copying its part (more warps an SM).
 //   persistent         as many warps as are resident, each walking items a grid apart and copying
 //                      its next item's W1 as soon as it has read the current one.
 // Prints one JSON line per (preset, variant): bytes read, median time of 20 runs, GB/s.

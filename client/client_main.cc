@@ -2,7 +2,8 @@
 //
 //   ttt-client [--server HOST:PORT] [--timeout SECONDS] COMMAND [ARGS]
 //     generate [--prompt TEXT | --prompt-ids 1,2,3] [--session ID] [sampling and stop flags]
-//     session create [ID] | fork SOURCE [ID] | info ID | delete ID | export ID FILE | import FILE [ID]
+//     session create [ID] | fork SOURCE [ID] | info ID | delete ID | export ID FILE |
+//             import FILE [ID]
 //     tokenize TEXT | detokenize IDS | info | health
 //
 // Errors print the gRPC status name and message. Exit codes: 0 success; 2 invalid arguments;
@@ -36,7 +37,8 @@ ABSL_FLAG(std::optional<float>, temperature, std::nullopt, "generate: 0 greedy; 
 ABSL_FLAG(int32_t, top_k, 0, "generate: sample among the k most likely (0: all).");
 ABSL_FLAG(std::optional<float>, top_p, std::nullopt, "generate: nucleus threshold (default 1).");
 ABSL_FLAG(float, min_p, 0, "generate: drop tokens below min_p × the top probability.");
-ABSL_FLAG(std::optional<float>, repetition_penalty, std::nullopt, "generate: > 1 discourages repeats.");
+ABSL_FLAG(std::optional<float>, repetition_penalty, std::nullopt,
+          "generate: > 1 discourages repeats.");
 ABSL_FLAG(float, presence_penalty, 0, "generate: subtracted once from seen output tokens.");
 ABSL_FLAG(float, frequency_penalty, 0, "generate: subtracted per occurrence in the output.");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt, "generate: sampling seed.");
@@ -225,7 +227,8 @@ int Run(const std::vector<std::string>& positional) {
   if (positional.empty()) return Usage("a command is needed");
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
-  if (absl::GetFlag(FLAGS_timeout) > 0) options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
+  if (absl::GetFlag(FLAGS_timeout) > 0)
+    options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   for (const std::string& pair : absl::GetFlag(FLAGS_metadata)) {
     const size_t eq = pair.find('=');
     if (eq == std::string::npos) return Usage("--metadata: '" + pair + "' is not key=value");
@@ -256,7 +259,8 @@ int Run(const std::vector<std::string>& positional) {
     const grpc::Status status = client.GetModelInfo(&info);
     if (status.ok()) {
       std::printf("model %s (%s backend, tokenizer %s, vocabulary %lld)\n", info.name().c_str(),
-                  info.backend().c_str(), info.tokenizer().empty() ? "none" : info.tokenizer().c_str(),
+                  info.backend().c_str(),
+                  info.tokenizer().empty() ? "none" : info.tokenizer().c_str(),
                   static_cast<long long>(info.vocab_size()));
       std::printf("state: %lld bytes per sequence; slots %lld used of %lld; %lld sessions\n",
                   static_cast<long long>(info.state_bytes_per_sequence()),
@@ -270,7 +274,8 @@ int Run(const std::vector<std::string>& positional) {
   if (command == "health") {
     ServingStatus serving;
     const grpc::Status status = client.Health(&serving);
-    if (status.ok()) std::printf("%s\n", serving == ServingStatus::kServing ? "SERVING" : "NOT_SERVING");
+    if (status.ok())
+      std::printf("%s\n", serving == ServingStatus::kServing ? "SERVING" : "NOT_SERVING");
     if (status.ok() && serving != ServingStatus::kServing) return 4;
     return Report(status);
   }

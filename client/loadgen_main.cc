@@ -153,7 +153,8 @@ int Run() {
   LengthDistribution prompts, outputs;
   if (!ParseLengths(absl::GetFlag(FLAGS_prompt_tokens), &prompts) ||
       !ParseLengths(absl::GetFlag(FLAGS_output_tokens), &outputs)) {
-    std::fprintf(stderr, "ttt-loadgen: --prompt-tokens / --output-tokens: fixed:N or uniform:MIN:MAX\n");
+    std::fprintf(stderr,
+                 "ttt-loadgen: --prompt-tokens / --output-tokens: fixed:N or uniform:MIN:MAX\n");
     return 2;
   }
   const double duration = absl::GetFlag(FLAGS_duration);
@@ -198,7 +199,8 @@ int Run() {
     while (!done) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       static Clock::time_point last_print = start;
-      if (!absl::GetFlag(FLAGS_progress) || Clock::now() - last_print < std::chrono::seconds(1)) continue;
+      if (!absl::GetFlag(FLAGS_progress) || Clock::now() - last_print < std::chrono::seconds(1))
+        continue;
       last_print = Clock::now();
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       std::lock_guard<std::mutex> lock(generator.stats().mutex);
@@ -313,7 +315,8 @@ int Run() {
               1e3 * Percentile(s.ttft, 0.9), 1e3 * Percentile(s.ttft, 0.99));
   std::printf("itl (ms)     p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(s.itl, 0.5),
               1e3 * Percentile(s.itl, 0.9), 1e3 * Percentile(s.itl, 0.99));
-  for (const auto& [code, n] : s.errors) std::printf("error        %s: %lld\n", code.c_str(), static_cast<long long>(n));
+  for (const auto& [code, n] : s.errors)
+    std::printf("error        %s: %lld\n", code.c_str(), static_cast<long long>(n));
   std::printf("%s\n", summary.dump().c_str());
   if (!absl::GetFlag(FLAGS_json_out).empty()) {
     std::ofstream(absl::GetFlag(FLAGS_json_out)) << summary.dump(2) << "\n";
@@ -327,7 +330,8 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Load for a ttt server.\n"
-      "  ttt-loadgen --server HOST:PORT (--concurrency N | --rate R) (--duration S | --requests N)");
+      "  ttt-loadgen --server HOST:PORT (--concurrency N | --rate R)"
+      " (--duration S | --requests N)");
   ttt::ParseFlags(argc, argv);
   return ttt::client::Run();
 }

@@ -30,15 +30,17 @@
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
 
-ABSL_FLAG(std::string, model, "",
-          "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
+ABSL_FLAG(
+    std::string, model, "",
+    "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: any free port, printed at start).");
 ABSL_FLAG(int32_t, metrics_port, 9090, "Port of the Prometheus /metrics endpoint; -1: none.");
 ABSL_FLAG(std::string, backend, "auto", "auto (CUDA when a GPU is present), cpu or cuda.");
 ABSL_FLAG(std::string, precision, "bf16", "CUDA weight precision: bf16 or f32.");
-ABSL_FLAG(int64_t, max_sequences, 0,
-          "State slots (sequences in the engine at once); 0: as many as the pool holds (CPU: 1024).");
+ABSL_FLAG(
+    int64_t, max_sequences, 0,
+    "State slots (sequences in the engine at once); 0: as many as the pool holds (CPU: 1024).");
 ABSL_FLAG(double, state_pool_fraction, 0.5, "CUDA: share of free GPU memory for sequence states.");
 ABSL_FLAG(int64_t, max_waiting, 1024, "Waiting requests beyond this get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, prefill_tokens_per_step, 2048, "Prompt tokens processed per engine step.");
@@ -174,7 +176,8 @@ absl::Status Run() {
 }  // namespace ttt
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Serves a TTT model over gRPC.\n  ttt-server --model DIR [--port N]");
+  absl::SetProgramUsageMessage(
+      "Serves a TTT model over gRPC.\n  ttt-server --model DIR [--port N]");
   ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-server: %s\n", std::string(status.message()).c_str());

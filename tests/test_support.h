@@ -49,7 +49,8 @@ CommandResult RunCommand(const std::string& command_line);
 // A fresh empty directory for this test.
 std::string ScratchDir();
 
-// Feeds `tokens` to `slot` in chunks of the given sizes (cycled) and returns every position's logits.
+// Feeds `tokens` to `slot` in chunks of the given sizes (cycled) and returns every position's
+// logits.
 std::vector<float> FeedInChunks(Engine& engine, SequenceSlot slot, std::span<const int32_t> tokens,
                                 const std::vector<int64_t>& chunk_sizes);
 

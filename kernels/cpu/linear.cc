@@ -4,7 +4,8 @@
 namespace ttt::kernels::cpu {
 
 void Linear(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y) {
-  MatrixMap(y, n, out).noalias() = ConstMatrixMap(x, n, in) * ConstMatrixMap(w, out, in).transpose();
+  MatrixMap(y, n, out).noalias() =
+      ConstMatrixMap(x, n, in) * ConstMatrixMap(w, out, in).transpose();
 }
 
 }  // namespace ttt::kernels::cpu

@@ -82,8 +82,8 @@ void TttHeadForward(const TttHeadParams& p, const TttHeadState& s, int64_t start
       const RowMatrix g2 = LayerNormL2Gradient(z2, target, p);
       pending_x2.middleRows(r0, m) = x2;
       pending_g2.middleRows(r0, m) = g2;
-      pending_g1.middleRows(r0, m) =
-          (g2 * W2.transpose()).cwiseProduct(z1.unaryExpr([](float x) { return GeluDerivative(x); }));
+      const auto gelu_derivative = z1.unaryExpr([](float x) { return GeluDerivative(x); });
+      pending_g1.middleRows(r0, m) = (g2 * W2.transpose()).cwiseProduct(gelu_derivative);
     }
 
     // 2. Outputs: row i sees the window's tokens j ≤ r0+i through η_ij = τ_i · lr_j.

@@ -37,11 +37,13 @@ std::string Saxpy(float a, const float* x, float* y, int n) {
     if (status != cudaSuccess && error.empty()) error = ErrorText(status, what);
     return error.empty();
   };
-  if (check(cudaMalloc(&dx, bytes), "cudaMalloc x") && check(cudaMalloc(&dy, bytes), "cudaMalloc y") &&
+  if (check(cudaMalloc(&dx, bytes), "cudaMalloc x") &&
+      check(cudaMalloc(&dy, bytes), "cudaMalloc y") &&
       check(cudaMemcpy(dx, x, bytes, cudaMemcpyHostToDevice), "copy x") &&
       check(cudaMemcpy(dy, y, bytes, cudaMemcpyHostToDevice), "copy y")) {
     SaxpyKernel<<<(n + 255) / 256, 256>>>(a, dx, dy, n);
-    if (check(cudaGetLastError(), "launch")) check(cudaMemcpy(y, dy, bytes, cudaMemcpyDeviceToHost), "copy back");
+    if (check(cudaGetLastError(), "launch"))
+      check(cudaMemcpy(y, dy, bytes, cudaMemcpyDeviceToHost), "copy back");
   }
   cudaFree(dx);
   cudaFree(dy);
@@ -57,7 +59,8 @@ double MeasureCopyBandwidth(size_t bytes, std::string* error) {
     if (status != cudaSuccess && error->empty()) *error = ErrorText(status, what);
     return error->empty();
   };
-  if (check(cudaMalloc(&src, bytes), "cudaMalloc") && check(cudaMalloc(&dst, bytes), "cudaMalloc") &&
+  if (check(cudaMalloc(&src, bytes), "cudaMalloc") &&
+      check(cudaMalloc(&dst, bytes), "cudaMalloc") &&
       check(cudaMemset(src, 1, bytes), "cudaMemset") && check(cudaEventCreate(&start), "event") &&
       check(cudaEventCreate(&stop), "event")) {
     for (int i = 0; i < 12 && error->empty(); ++i) {

@@ -402,7 +402,8 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
 // A chunk may start inside a window: the open window's pending rows come from the state, and the
 // rows of a window left open go back to it. Loads into shared memory are cp.async, so a block has
 // all of a window's rows (and θ0) in flight at once.
-constexpr int kPrefillWindow = 16;  // K of this kernel (every known model; others: the general one).
+// K of this kernel (every known model; others: the general one).
+constexpr int kPrefillWindow = 16;
 constexpr int kPrefillMaxF = 64;
 constexpr int kLanesPerToken = 8;
 constexpr int kPrefillThreads = kPrefillWindow * kLanesPerToken;

@@ -56,12 +56,13 @@ absl::Status CheckSessionId(std::string_view field, const std::string& id, bool 
   return absl::OkStatus();
 }
 
-absl::Status CheckTokenIds(std::string_view field, const google::protobuf::RepeatedField<int32_t>& ids,
-                           int64_t vocab) {
+absl::Status CheckTokenIds(std::string_view field,
+                           const google::protobuf::RepeatedField<int32_t>& ids, int64_t vocab) {
   for (int i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
+      const std::string range = absl::StrCat("[0, ", vocab, ")");
       return absl::InvalidArgumentError(absl::StrCat(AbslView(field), "[", i, "]: id ", ids[i],
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
+                                                     " is outside the vocabulary ", range));
     }
   }
   return absl::OkStatus();
@@ -226,7 +227,8 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
     if (metrics != nullptr) metrics->RequestRejected(handle.status());
     return ToGrpc(handle.status());
   }
-  std::vector<std::string> stops(request.stopping().stop().begin(), request.stopping().stop().end());
+  std::vector<std::string> stops(request.stopping().stop().begin(),
+                                 request.stopping().stop().end());
   TextStream text(model.tokenizer.get(), std::move(stops));
   bool client_gone = false;
   int32_t tokens_sent = 0;
@@ -273,7 +275,8 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
       usage->set_prompt_tokens(update.times.prompt_tokens);
       usage->set_generated_tokens(tokens_sent);
       usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
-      usage->set_time_to_first_token_seconds(absl::ToDoubleSeconds(update.times.time_to_first_token));
+      usage->set_time_to_first_token_seconds(
+          absl::ToDoubleSeconds(update.times.time_to_first_token));
       usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));
       emit(response);
       return grpc::Status::OK;
@@ -313,7 +316,8 @@ grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::Genera
   if (!name##_or.ok()) return ToGrpc(name##_or.status());        \
   const Backend& name = **name##_or
 
-grpc::Status TttService::CreateSession(grpc::ServerContext*, const v1::CreateSessionRequest* request,
+grpc::Status TttService::CreateSession(grpc::ServerContext*,
+                                       const v1::CreateSessionRequest* request,
                                        v1::Session* response) {
   TTT_BACKEND_OR_RETURN(backend);
   if (absl::Status valid = CheckSessionId("session_id", request->session_id(), true); !valid.ok()) {
@@ -343,7 +347,8 @@ grpc::Status TttService::ForkSession(grpc::ServerContext*, const v1::ForkSession
 grpc::Status TttService::GetSession(grpc::ServerContext*, const v1::GetSessionRequest* request,
                                     v1::Session* response) {
   TTT_BACKEND_OR_RETURN(backend);
-  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false); !valid.ok()) {
+  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false);
+      !valid.ok()) {
     return ToGrpc(valid);
   }
   absl::StatusOr<SessionInfo> info = backend.scheduler->GetSession(request->session_id());
@@ -352,30 +357,36 @@ grpc::Status TttService::GetSession(grpc::ServerContext*, const v1::GetSessionRe
   return grpc::Status::OK;
 }
 
-grpc::Status TttService::DeleteSession(grpc::ServerContext*, const v1::DeleteSessionRequest* request,
+grpc::Status TttService::DeleteSession(grpc::ServerContext*,
+                                       const v1::DeleteSessionRequest* request,
                                        v1::DeleteSessionResponse*) {
   TTT_BACKEND_OR_RETURN(backend);
-  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false); !valid.ok()) {
+  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false);
+      !valid.ok()) {
     return ToGrpc(valid);
   }
   return ToGrpc(backend.scheduler->DeleteSession(request->session_id()));
 }
 
-grpc::Status TttService::ExportSession(grpc::ServerContext*, const v1::ExportSessionRequest* request,
+grpc::Status TttService::ExportSession(grpc::ServerContext*,
+                                       const v1::ExportSessionRequest* request,
                                        v1::ExportSessionResponse* response) {
   TTT_BACKEND_OR_RETURN(backend);
-  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false); !valid.ok()) {
+  if (absl::Status valid = CheckSessionId("session_id", request->session_id(), false);
+      !valid.ok()) {
     return ToGrpc(valid);
   }
   int64_t tokens = 0;
-  absl::StatusOr<std::string> state = backend.scheduler->ExportSession(request->session_id(), &tokens);
+  absl::StatusOr<std::string> state =
+      backend.scheduler->ExportSession(request->session_id(), &tokens);
   if (!state.ok()) return ToGrpc(state.status());
   response->set_state(*std::move(state));
   response->set_tokens_absorbed(tokens);
   return grpc::Status::OK;
 }
 
-grpc::Status TttService::ImportSession(grpc::ServerContext*, const v1::ImportSessionRequest* request,
+grpc::Status TttService::ImportSession(grpc::ServerContext*,
+                                       const v1::ImportSessionRequest* request,
                                        v1::Session* response) {
   TTT_BACKEND_OR_RETURN(backend);
   if (absl::Status valid = CheckSessionId("session_id", request->session_id(), true); !valid.ok()) {

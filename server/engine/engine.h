@@ -1,4 +1,5 @@
-// The backend-neutral engine: per-sequence TTT states addressed by slot, advanced by feeding tokens.
+// The backend-neutral engine: per-sequence TTT states addressed by slot, advanced by feeding
+// tokens.
 //
 // A sequence's state has a fixed size whatever its length (θ0 per layer and head, the open
 // mini-batch window's pending tokens, conv histories): that is what makes fork, snapshot and

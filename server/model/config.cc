@@ -15,7 +15,8 @@ namespace {
 using nlohmann::json;
 
 absl::Status FieldError(std::string_view field, std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: field '", AbslView(field), "' ", AbslView(what)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("config.json: field '", AbslView(field), "' ", AbslView(what)));
 }
 
 // Each reader leaves *out unchanged when the field is absent.
@@ -78,10 +79,12 @@ absl::Status Validate(const ModelConfig& c) {
   if (!(c.rope_theta > 0)) return FieldError("rope_theta", "must be positive");
   if (!(c.ttt_base_lr >= 0)) return FieldError("ttt_base_lr", "must be non-negative");
   if (c.bos_token_id >= c.vocab_size) {
-    return FieldError("bos_token_id", absl::StrCat("(", c.bos_token_id, ") must be below vocab_size"));
+    return FieldError("bos_token_id",
+                      absl::StrCat("(", c.bos_token_id, ") must be below vocab_size"));
   }
   if (c.eos_token_id >= c.vocab_size) {
-    return FieldError("eos_token_id", absl::StrCat("(", c.eos_token_id, ") must be below vocab_size"));
+    return FieldError("eos_token_id",
+                      absl::StrCat("(", c.eos_token_id, ") must be below vocab_size"));
   }
   if (c.byte_token_offset) {
     if (*c.byte_token_offset < 0) return FieldError("byte_token_offset", "must be non-negative");
@@ -124,7 +127,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   }
   std::string act = "silu";
   TTT_RETURN_IF_ERROR(ReadString(j, "hidden_act", &act));
-  if (act != "silu") return FieldError("hidden_act", absl::StrCat("'", act, "' is not supported (only 'silu')"));
+  if (act != "silu")
+    return FieldError("hidden_act", absl::StrCat("'", act, "' is not supported (only 'silu')"));
   std::string layer_type = "linear";
   TTT_RETURN_IF_ERROR(ReadString(j, "ttt_layer_type", &layer_type));
   if (layer_type == "linear") {
@@ -132,7 +136,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view json_text) {
   } else if (layer_type == "mlp") {
     c.ttt_layer_type = TttLayerType::kMlp;
   } else {
-    return FieldError("ttt_layer_type", absl::StrCat("'", layer_type, "' is not 'linear' or 'mlp'"));
+    return FieldError("ttt_layer_type",
+                      absl::StrCat("'", layer_type, "' is not 'linear' or 'mlp'"));
   }
   std::string tokenizer_type;
   TTT_RETURN_IF_ERROR(ReadString(j, "tokenizer_type", &tokenizer_type));

@@ -28,7 +28,8 @@ absl::Status FileError(const std::string& path, std::string_view what) {
 }
 
 absl::Status TensorError(const std::string& path, std::string_view name, std::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", AbslView(name), "': ", AbslView(what)));
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": tensor '", AbslView(name), "': ", AbslView(what)));
 }
 
 }  // namespace
@@ -121,7 +122,8 @@ absl::Status SafetensorsFile::ParseHeader() {
     view.dtype = *dtype;
     uint64_t expected_bytes = DTypeSize(*dtype);
     for (const json& dim : *shape_it) {
-      if (!dim.is_number_unsigned()) return TensorError(path_, name, "shape has a negative or non-integer dimension");
+      if (!dim.is_number_unsigned())
+        return TensorError(path_, name, "shape has a negative or non-integer dimension");
       uint64_t d = dim.get<uint64_t>();
       if (d != 0 && expected_bytes > data_size / d) {
         return TensorError(path_, name, "shape is larger than the file");

@@ -56,7 +56,8 @@ const Plugin& GetPlugin() {
       return p;
     }
     auto resolve = [&](auto* function, const char* name) {
-      *function = reinterpret_cast<std::remove_reference_t<decltype(*function)>>(dlsym(handle, name));
+      *function =
+          reinterpret_cast<std::remove_reference_t<decltype(*function)>>(dlsym(handle, name));
       if (*function == nullptr) p.error = std::string(kPluginFile) + " lacks " + name;
     };
     resolve(&p.load, "ttt_sp_load");

@@ -93,7 +93,8 @@ __attribute__((visibility("default"))) int64_t ttt_sp_piece_bytes(const TttSpMod
     bytes = " \xE2\x81\x87 ";
   } else if (p.IsByte(id)) {
     unsigned value = 0;
-    if (std::sscanf(p.IdToPiece(id).c_str(), "<0x%2X>", &value) == 1) bytes = std::string(1, char(value));
+    if (std::sscanf(p.IdToPiece(id).c_str(), "<0x%2X>", &value) == 1)
+      bytes = std::string(1, char(value));
   } else {
     const std::string& piece = p.IdToPiece(id);
     for (size_t i = 0; i < piece.size();) {

@@ -274,8 +274,9 @@ void Scheduler::Finish(Active& active, FinishReason reason, absl::Status status,
   times.prompt_tokens = static_cast<int32_t>(active.spec.prompt.size());
   times.generated_tokens = static_cast<int32_t>(active.output.size());
   times.queue = (active.first_step == absl::Time() ? now : active.first_step) - active.arrival;
-  times.time_to_first_token =
-      active.first_token == absl::Time() ? absl::ZeroDuration() : active.first_token - active.arrival;
+  times.time_to_first_token = active.first_token == absl::Time()
+                                  ? absl::ZeroDuration()
+                                  : active.first_token - active.arrival;
   times.total = now - active.arrival;
   if (metrics_ != nullptr) metrics_->RequestFinished(reason, status, times);
   active.finish = reason;
@@ -665,7 +666,8 @@ SessionInfo Scheduler::InfoOf(const Session& session) const {
   SessionInfo info;
   info.id = session.id;
   info.tier = session.slot >= 0 ? SessionTier::kEngine : SessionTier::kHost;
-  info.tokens_absorbed = session.slot >= 0 ? *engine_->SequenceLength(session.slot) : session.length;
+  info.tokens_absorbed =
+      session.slot >= 0 ? *engine_->SequenceLength(session.slot) : session.length;
   info.last_used = session.last_used;
   info.busy = session.busy;
   return info;

@@ -24,8 +24,9 @@
 #include "server/tools/flag_names.h"
 #include "server/util/status_macros.h"
 
-ABSL_FLAG(std::string, model, "",
-          "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
+ABSL_FLAG(
+    std::string, model, "",
+    "Model directory (config.json, model.safetensors, tokenizer); default: the bundled model.");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (needs a tokenizer).");
 ABSL_FLAG(std::string, prompt_ids, "", "Prompt as token ids, comma separated, fed as they are.");
 ABSL_FLAG(bool, add_bos, true, "Start a text prompt with the BOS token.");
@@ -38,8 +39,9 @@ ABSL_FLAG(float, min_p, 0.0f, "Drop tokens below min_p times the top probability
 ABSL_FLAG(float, repetition_penalty, 1.0f, "> 1 discourages tokens already seen.");
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed: the same seed gives the same tokens.");
 ABSL_FLAG(int32_t, chunk, 0, "Feed the prompt this many tokens per engine call (0: all at once).");
-ABSL_FLAG(std::string, logits_out, "",
-          "Write the F32 logits of every prompt position here, as safetensors tensor 'logits' [T, V].");
+ABSL_FLAG(
+    std::string, logits_out, "",
+    "Write the F32 logits of every prompt position here, as safetensors tensor 'logits' [T, V].");
 ABSL_FLAG(bool, print_ids, false, "Print the generated token ids instead of text.");
 ABSL_FLAG(std::string, backend, "cpu", "cpu, cuda or auto (cuda when a GPU is present).");
 ABSL_FLAG(std::string, eval_text, "",
@@ -89,7 +91,8 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const Model& model) {
 // window (BOS first, fresh state), over the bytes those tokens stand for. A trailing partial
 // window is left out, as the training program does.
 absl::Status EvaluateText(Engine& engine, const Model& model, const std::string& path) {
-  if (model.tokenizer == nullptr) return absl::InvalidArgumentError("--eval-text: the model has no tokenizer");
+  if (model.tokenizer == nullptr)
+    return absl::InvalidArgumentError("--eval-text: the model has no tokenizer");
   const int32_t window = absl::GetFlag(FLAGS_eval_window);
   if (window < 1) return absl::InvalidArgumentError("--eval-window: must be >= 1");
   std::ifstream in(path, std::ios::binary);
@@ -119,9 +122,10 @@ absl::Status EvaluateText(Engine& engine, const Model& model, const std::string&
     }
   }
   if (windows == 0) return absl::InvalidArgumentError("--eval-text: shorter than one window");
-  std::printf("{\"bits_per_byte\": %.6f, \"windows\": %lld, \"window_tokens\": %d, \"bytes\": %lld}\n",
-              nats / std::log(2.0) / bytes, static_cast<long long>(windows), window,
-              static_cast<long long>(bytes));
+  std::printf(
+      "{\"bits_per_byte\": %.6f, \"windows\": %lld, \"window_tokens\": %d, \"bytes\": %lld}\n",
+      nats / std::log(2.0) / bytes, static_cast<long long>(windows), window,
+      static_cast<long long>(bytes));
   return absl::OkStatus();
 }
 
@@ -170,7 +174,8 @@ absl::Status Run() {
   std::vector<float> prompt_logits, logits;
   const size_t step = chunk > 0 ? chunk : prompt.size();
   for (size_t at = 0; at < prompt.size(); at += step) {
-    const SequenceChunk piece{slot, std::span(prompt).subspan(at, std::min(step, prompt.size() - at))};
+    const SequenceChunk piece{slot,
+                              std::span(prompt).subspan(at, std::min(step, prompt.size() - at))};
     TTT_RETURN_IF_ERROR(engine.Forward({&piece, 1}, which, &logits));
     if (which == LogitsFor::kEveryToken) {
       prompt_logits.insert(prompt_logits.end(), logits.begin(), logits.end());
@@ -207,9 +212,11 @@ absl::Status Run() {
   if (detokenizer) std::cout << detokenizer->Flush();
   std::cout << std::endl;
   const double decode_seconds = SecondsSince(decode_start);
-  std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tokens/s); generated %zu in %.3f s (%.1f tokens/s)\n",
-               prompt.size(), prefill_seconds, prompt.size() / prefill_seconds, output.size(),
-               decode_seconds, output.size() / std::max(decode_seconds, 1e-9));
+  std::fprintf(
+      stderr,
+      "prompt: %zu tokens in %.3f s (%.1f tokens/s); generated %zu in %.3f s (%.1f tokens/s)\n",
+      prompt.size(), prefill_seconds, prompt.size() / prefill_seconds, output.size(),
+      decode_seconds, output.size() / std::max(decode_seconds, 1e-9));
   return absl::OkStatus();
 }
 

@@ -34,7 +34,8 @@ absl::Status Run() {
   const std::string out = absl::GetFlag(FLAGS_out);
   if (out.empty()) return absl::InvalidArgumentError("--out: a directory is needed");
   const std::string inner = absl::GetFlag(FLAGS_inner), dtype = absl::GetFlag(FLAGS_dtype);
-  if (inner != "linear" && inner != "mlp") return absl::InvalidArgumentError("--inner: linear or mlp");
+  if (inner != "linear" && inner != "mlp")
+    return absl::InvalidArgumentError("--inner: linear or mlp");
   if (dtype != "bf16" && dtype != "f32") return absl::InvalidArgumentError("--dtype: bf16 or f32");
   TTT_ASSIGN_OR_RETURN(
       ModelConfig config,
@@ -70,7 +71,8 @@ absl::Status Run() {
 }  // namespace ttt
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Writes a random-weight TTT model.\n  ttt-random-model --preset 1b --out DIR");
+  absl::SetProgramUsageMessage(
+      "Writes a random-weight TTT model.\n  ttt-random-model --preset 1b --out DIR");
   ttt::ParseFlags(argc, argv);
   if (absl::Status status = ttt::Run(); !status.ok()) {
     std::fprintf(stderr, "ttt-random-model: %s\n", std::string(status.message()).c_str());

@@ -38,7 +38,8 @@ TEST_F(ClientCliTest, GenerateStreamsTheGreedyTokens) {
 
 TEST_F(ClientCliTest, SessionsAndErrorsByExitCode) {
   EXPECT_EQ(Client("session create talk").exit_code, 0);
-  testing::CommandResult run = Client("generate --session talk --prompt-ids 1,2,3 --max-new-tokens 4 --print-ids");
+  testing::CommandResult run =
+      Client("generate --session talk --prompt-ids 1,2,3 --max-new-tokens 4 --print-ids");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   run = Client("session info talk");
   EXPECT_THAT(run.output, HasSubstr("session talk: 7 tokens absorbed"));

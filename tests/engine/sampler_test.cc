@@ -105,12 +105,15 @@ TEST(SamplerTest, PenaltiesDiscourageSeenTokens) {
   // Positive logits are divided, negative ones multiplied.
   EXPECT_EQ(SampleToken(logits, {.repetition_penalty = 1.2f}, prompt, {}, 0).id, 1);
   const std::vector<float> negative = {-1.0f, -1.05f};
-  EXPECT_EQ(SampleToken(negative, {.repetition_penalty = 1.2f}, std::vector<int32_t>{0}, {}, 0).id, 1);
+  EXPECT_EQ(SampleToken(negative, {.repetition_penalty = 1.2f}, std::vector<int32_t>{0}, {}, 0).id,
+            1);
   // Presence and frequency count only output tokens.
   EXPECT_EQ(SampleToken(logits, {.presence_penalty = 0.2f}, prompt, {}, 0).id, 0);
   EXPECT_EQ(SampleToken(logits, {.presence_penalty = 0.2f}, {}, std::vector<int32_t>{0}, 0).id, 1);
-  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.06f}, {}, std::vector<int32_t>{0, 0}, 0).id, 1);
-  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.06f}, {}, std::vector<int32_t>{0}, 0).id, 0);
+  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.06f}, {}, std::vector<int32_t>{0, 0}, 0).id,
+            1);
+  EXPECT_EQ(SampleToken(logits, {.frequency_penalty = 0.06f}, {}, std::vector<int32_t>{0}, 0).id,
+            0);
 }
 
 // A broken model's NaN logits are never chosen over a number, and a row of nothing but NaN

@@ -1,4 +1,5 @@
-// The CUDA toolchain end to end: a kernel built for this GPU runs and computes. Skips without a GPU.
+// The CUDA toolchain end to end: a kernel built for this GPU runs and computes. Skips without a
+// GPU.
 #include <vector>
 
 #include <gtest/gtest.h>

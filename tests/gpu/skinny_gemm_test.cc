@@ -37,8 +37,9 @@ std::string Describe(const Case& c) {
   const char* output[] = {"Store", "Accumulate", "SwiGlu"};
   return std::string(c.type == cu::ElementType::kBFloat16 ? "Bf16" : "F32") + "_" +
          std::to_string(c.rows) + "x" + std::to_string(c.in) + "x" + std::to_string(c.out) + "_" +
-         input[static_cast<int>(c.input)] + (c.input == Kind::kLayerNormGate && !c.gate ? "NoGate" : "") +
-         "_" + output[static_cast<int>(c.output)];
+         input[static_cast<int>(c.input)] +
+         (c.input == Kind::kLayerNormGate && !c.gate ? "NoGate" : "") + "_" +
+         output[static_cast<int>(c.output)];
 }
 
 void PrintTo(const Case& c, std::ostream* out) { *out << Describe(c); }

@@ -41,7 +41,8 @@ TEST(ConfigTest, ByteTokenizerDeclaration) {
   auto config = ParseModelConfig(R"({"vocab_size": 259, "tokenizer_type": "byte"})");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->byte_token_offset, 3);
-  config = ParseModelConfig(R"({"vocab_size": 300, "tokenizer_type": "byte", "byte_token_offset": 0})");
+  config =
+      ParseModelConfig(R"({"vocab_size": 300, "tokenizer_type": "byte", "byte_token_offset": 0})");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->byte_token_offset, 0);
 }

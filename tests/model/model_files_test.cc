@@ -164,7 +164,8 @@ TEST_F(ModelFilesTest, ShardsWithAnIndexGiveTheSameModel) {
   const std::vector<TensorData> tensors =
       StoredTensors(config_, ModelWeights::Random(config_, 3), DType::kF32);
   const size_t half = tensors.size() / 2;
-  WriteTensors(dir_ + "/model-00001-of-00002.safetensors", {tensors.begin(), tensors.begin() + half});
+  WriteTensors(dir_ + "/model-00001-of-00002.safetensors",
+               {tensors.begin(), tensors.begin() + half});
   WriteTensors(dir_ + "/model-00002-of-00002.safetensors", {tensors.begin() + half, tensors.end()});
   nlohmann::json index;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -303,12 +304,14 @@ TEST_F(CorruptFileTest, OffsetsOutsideTheDataOrOverlapping) {
               })),
               HasSubstr("'model.norm.weight'"));
   EXPECT_THAT(ErrorFor(with_header([](nlohmann::json& h) {
-                h["model.norm.weight"]["data_offsets"] = h["model.embed_tokens.weight"]["data_offsets"];
+                h["model.norm.weight"]["data_offsets"] =
+                    h["model.embed_tokens.weight"]["data_offsets"];
                 h["model.norm.weight"]["shape"] = h["model.embed_tokens.weight"]["shape"];
               })),
               HasSubstr("overlap"));
-  EXPECT_THAT(ErrorFor(with_header([](nlohmann::json& h) { h["model.norm.weight"]["dtype"] = "F8"; })),
-              HasSubstr("'model.norm.weight'"));
+  EXPECT_THAT(
+      ErrorFor(with_header([](nlohmann::json& h) { h["model.norm.weight"]["dtype"] = "F8"; })),
+      HasSubstr("'model.norm.weight'"));
 }
 
 TEST_F(ModelFilesTest, BadConfigValueNamesFileAndField) {

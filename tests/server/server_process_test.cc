@@ -41,7 +41,8 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   std::vector<grpc::Slice> slices;
   response.Dump(&slices);
   std::string bytes;
-  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  for (const grpc::Slice& slice : slices)
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
 }
 

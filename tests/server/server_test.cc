@@ -82,7 +82,8 @@ std::vector<int32_t> EngineGreedy(std::shared_ptr<const Model> model,
 class ServerTest : public ::testing::Test {
  protected:
   void Start(testing::TestServerOptions options = {}) {
-    if (options.model_dir.empty()) options.model_dir = testing::TestDataPath("golden/tiny-linear-m");
+    if (options.model_dir.empty())
+      options.model_dir = testing::TestDataPath("golden/tiny-linear-m");
     server_ = std::make_unique<testing::TestServer>(options);
     golden_ = testing::LoadGolden("tiny-linear-m");
   }
@@ -269,7 +270,8 @@ TEST_F(ServerTest, ForkExportAndImportContinueLikeTheOriginal) {
   create.set_session_id("base");
   v1::Session session;
   ASSERT_TRUE(call(&v1::TttService::Stub::CreateSession, create, &session).ok());
-  v1::GenerateRequest prime = GreedyRequest({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 6);
+  v1::GenerateRequest prime =
+      GreedyRequest({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 6);
   prime.set_session_id("base");
   ASSERT_TRUE(Generate(server_->stub(), prime).status.ok());
 
@@ -300,8 +302,9 @@ TEST_F(ServerTest, ForkExportAndImportContinueLikeTheOriginal) {
   EXPECT_EQ(continuations[2], continuations[0]);
 
   // Another model refuses the state.
-  testing::TestServer other(
-      {.model_dir = testing::TestDataPath("golden/tiny-mlp-m"), .max_sequences = 4, .scheduler = {}});
+  testing::TestServer other({.model_dir = testing::TestDataPath("golden/tiny-mlp-m"),
+                             .max_sequences = 4,
+                             .scheduler = {}});
   grpc::ClientContext context;
   const grpc::Status refused = other.stub().ImportSession(&context, import, &session);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);

@@ -32,8 +32,9 @@ class GenerateToolTest : public ::testing::Test {
 TEST_F(GenerateToolTest, LogitsOutMatchesTheReferenceForEveryChunking) {
   for (int chunk : {0, 1, 5, 16}) {
     const std::string out = testing::ScratchDir() + "/logits.safetensors";
-    const testing::CommandResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --chunk ",
-                                                   chunk, " --max-new-tokens 0 --logits-out ", out));
+    const testing::CommandResult run =
+        RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --chunk ", chunk,
+                                 " --max-new-tokens 0 --logits-out ", out));
     ASSERT_EQ(run.exit_code, 0) << run.output;
     auto file = SafetensorsFile::Open(out);
     ASSERT_TRUE(file.ok()) << file.status();
@@ -51,9 +52,9 @@ TEST_F(GenerateToolTest, LogitsOutMatchesTheReferenceForEveryChunking) {
 }
 
 TEST_F(GenerateToolTest, GreedyIdsMatchTheReference) {
-  const testing::CommandResult run = RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids",
-                                                 " --ignore-eos --max-new-tokens ",
-                                                 golden_.greedy_steps));
+  const testing::CommandResult run =
+      RunGenerate(absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids",
+                               " --ignore-eos --max-new-tokens ", golden_.greedy_steps));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const std::string first_line = run.output.substr(0, run.output.find('\n'));
   EXPECT_EQ(first_line, absl::StrJoin(golden_.greedy_ids[0], " "));
@@ -63,10 +64,13 @@ TEST_F(GenerateToolTest, SamplingIsReproducibleBySeed) {
   const std::string args =
       absl::StrCat(model_arg_, " ", prompt_arg_, " --print-ids --max-new-tokens 20 --ignore-eos",
                    " --temperature 1.0 --top-p 0.9");
-  const testing::CommandResult a = RunGenerate(args + " --seed 1"), b = RunGenerate(args + " --seed 1");
+  const testing::CommandResult a = RunGenerate(args + " --seed 1"),
+                               b = RunGenerate(args + " --seed 1");
   const testing::CommandResult c = RunGenerate(args + " --seed 2");
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto ids = [](const testing::CommandResult& r) { return r.output.substr(0, r.output.find('\n')); };
+  auto ids = [](const testing::CommandResult& r) {
+    return r.output.substr(0, r.output.find('\n'));
+  };
   EXPECT_EQ(ids(a), ids(b));
   EXPECT_NE(ids(a), ids(c));
 }
