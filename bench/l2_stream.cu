@@ -105,6 +105,20 @@ __global__ void __launch_bounds__(32, 1)
   for (int c = max(0, chunks - depth); c < chunks; ++c) wait_for(c);
 }
 
+// Times `launch` 12 times; the median of the last 11 (the first warms up L2).
+template <typename Launch>
+float MedianMs(EventTimer& timer, Launch&& launch) {
+  std::vector<float> times;
+  for (int run = 0; run < 12; ++run) {
+    const float ms = timer.Ms([&] {
+      launch();
+      CHECK_CUDA(cudaGetLastError());
+    });
+    if (run > 0) times.push_back(ms);
+  }
+  return Median(times);
+}
+
 }  // namespace
 
 int main() {
@@ -123,16 +137,9 @@ int main() {
       if (pattern == Pattern::kShared && set == largest) continue;  // Each SM 8 MB of it: spread.
       for (const int chunk : {16 * 1024, 32 * 1024}) {
         for (const int depth : {2, 4, 6}) {
-          std::vector<float> times;
-          for (int run = 0; run < 12; ++run) {
-            const float ms = timer.Ms([&] {
-              Stream<<<sms, 32, ring_bytes>>>(buffer, set, pattern, chunk, depth);
-              CHECK_CUDA(cudaGetLastError());
-            });
-            if (run > 0) times.push_back(ms);  // The first warms up L2.
-          }
-          const double gb_per_s =
-              1e-6 * static_cast<double>(kBytesPerBlock) * sms / Median(times);
+          const float ms = MedianMs(
+              timer, [&] { Stream<<<sms, 32, ring_bytes>>>(buffer, set, pattern, chunk, depth); });
+          const double gb_per_s = 1e-6 * static_cast<double>(kBytesPerBlock) * sms / ms;
           std::printf(
               "{\"gpu\":\"%s\",\"l2_bytes\":%d,\"pattern\":\"%s\",\"set_bytes\":%zu,"
               "\"chunk_bytes\":%d,\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,"
@@ -161,16 +168,11 @@ int main() {
       continue;
     }
     for (const int depth : {2, 4, 6}) {
-      std::vector<float> times;
-      for (int run = 0; run < 12; ++run) {
-        const float ms = timer.Ms([&] {
-          StreamTiles<<<sms, 32, ring_bytes + 1024>>>(map, rows, kIn / kSliceIn, box_rows, slices,
-                                                      depth);
-          CHECK_CUDA(cudaGetLastError());
-        });
-        if (run > 0) times.push_back(ms);
-      }
-      const double gb_per_s = 1e-6 * static_cast<double>(kBytesPerBlock) * sms / Median(times);
+      const float ms = MedianMs(timer, [&] {
+        StreamTiles<<<sms, 32, ring_bytes + 1024>>>(map, rows, kIn / kSliceIn, box_rows, slices,
+                                                    depth);
+      });
+      const double gb_per_s = 1e-6 * static_cast<double>(kBytesPerBlock) * sms / ms;
       std::printf(
           "{\"gpu\":\"%s\",\"copy\":\"tensor\",\"box_rows\":%d,\"slices\":%d,"
           "\"chunk_bytes\":%d,\"chunks_in_flight\":%d,\"gb_per_s\":%.0f,"
