@@ -18,6 +18,8 @@
 
 #include <cuda_pipeline.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/ttt_inputs.cuh"
 
 namespace ttt::kernels::cuda {
@@ -91,16 +93,32 @@ __device__ __forceinline__ void SplitHalves(float w, uint16_t* upper, uint16_t* 
 
 // The values the upper halves alone stand for: each float cut to bf16 leaves an interval one bf16
 // step wide, and its middle is within half a step of the float, as rounding to bf16 would be.
+// Each float is one byte permute: the half's two bytes above kMiddle's (bytes 4 and 5 of the
+// pair); masking and or-ing took two instructions for every odd column.
 __device__ __forceinline__ float4 UpperHalvesMiddle(uint2 upper) {
   constexpr uint32_t kMiddle = 0x8000u;
-  return make_float4(
-      __uint_as_float(upper.x << 16 | kMiddle), __uint_as_float((upper.x & 0xffff0000u) | kMiddle),
-      __uint_as_float(upper.y << 16 | kMiddle), __uint_as_float((upper.y & 0xffff0000u) | kMiddle));
+  constexpr uint32_t kLowHalf = 0x1054, kHighHalf = 0x3254;
+  return make_float4(__uint_as_float(__byte_perm(upper.x, kMiddle, kLowHalf)),
+                     __uint_as_float(__byte_perm(upper.x, kMiddle, kHighHalf)),
+                     __uint_as_float(__byte_perm(upper.y, kMiddle, kLowHalf)),
+                     __uint_as_float(__byte_perm(upper.y, kMiddle, kHighHalf)));
 }
 
 // The shared memory an item's warp works in: θ0's W1 [f, f] (whole, or its upper halves then its
 // lower halves), then q and k [f] each.
 inline size_t DecodeSharedBytes(int f) { return sizeof(float) * (f * f + 2 * f); }
+
+// Where DecodeLinearToken keeps row d of q and k: by row group, (d mod R)·(f / R) + d / R, so that
+// the rows a lane multiplies W1's by (ro, ro + R, ...) lie side by side and come four a load, not
+// one (bench/README.md v60).
+template <int kF>
+__device__ __forceinline__ int ByRowGroup(int d) {
+  using Tile = DecodeTile<kF>;
+  return d % Tile::kRowsAtOnce * Tile::kRowsPerLane + d / Tile::kRowsAtOnce;
+}
+
+__device__ __forceinline__ float RowOf(float4 rows, int i) { return Channel(rows, i); }
+__device__ __forceinline__ float RowOf(float row, int) { return row; }
 
 // Whether the loads of DecodeLinearToken's kFourTaps form land on 16-byte boundaries.
 inline bool FourChannelLoadsFit(const TttProjectionInputs& in) {
@@ -121,20 +139,23 @@ template <int kF, bool kSplit>
 __device__ __forceinline__ void CopyW1Async(const float* base, const TttStateOffsets& off, int nh,
                                             int head, bool commits, float4* w1) {
   constexpr int kHalf = kF * kF / 8;  // 16-byte pieces in half of a head's W1 bytes.
-  const float4* W1 = reinterpret_cast<const float4*>(base + off.W1);
+  static_assert(kHalf % kWarp == 0, "a lane copies whole rounds of pieces");
   const int lane = threadIdx.x % kWarp;
-  if constexpr (kSplit) {
-    const float4* upper = W1 + head * kHalf;
-    for (int i = lane; i < kHalf; i += kWarp) __pipeline_memcpy_async(&w1[i], &upper[i], 16);
-    if (commits) {
-      const float4* lower = W1 + (nh + head) * kHalf;
-      for (int i = lane; i < kHalf; i += kWarp) {
-        __pipeline_memcpy_async(&w1[kHalf + i], &lower[i], 16);
-      }
+  const float4* W1 = reinterpret_cast<const float4*>(base + off.W1) + lane;
+  // `pieces` pieces a kWarp apart, from one address and constant offsets: a loop over the pieces
+  // recomputed a 64-bit address for each.
+  auto copy = [&](float4* to, const float4* from, auto pieces) {
+#pragma unroll
+    for (int i = 0; i < decltype(pieces)::value; i += kWarp) {
+      __pipeline_memcpy_async(&to[i], &from[i], 16);
     }
+  };
+  using Half = std::integral_constant<int, kHalf>;
+  if constexpr (kSplit) {
+    copy(w1 + lane, W1 + head * kHalf, Half{});
+    if (commits) copy(w1 + kHalf + lane, W1 + (nh + head) * kHalf, Half{});
   } else {
-    const float4* whole = W1 + head * 2 * kHalf;
-    for (int i = lane; i < 2 * kHalf; i += kWarp) __pipeline_memcpy_async(&w1[i], &whole[i], 16);
+    copy(w1 + lane, W1 + head * 2 * kHalf, std::integral_constant<int, 2 * kHalf>{});
   }
 }
 
@@ -272,6 +293,8 @@ __device__ __forceinline__ void CommitWindow(const TttScanParams& p, const Decod
 // Where a segment's first token falls in its window, 0 .. K − 1: the window's earlier rows
 // pending in the state. θ0 is committed after the token at K − 1.
 __device__ __forceinline__ int WindowPosition(const Segment& seg, int K) {
+  // Every known model's K is a power of two: a mask, where `%` is a 64-bit division.
+  if ((K & (K - 1)) == 0) return static_cast<int>(seg.start & (K - 1));
   return static_cast<int>(seg.start % K);
 }
 
@@ -321,8 +344,9 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
                                                   Commit commit, Release release) {
   using Tile = DecodeTile<kF>;
   constexpr int L = Tile::kLanesPerRow, R = Tile::kRowsAtOnce;
-  float4* shared_q = w1 + kF * L;
-  float4* shared_k = shared_q + L;
+  // q and k in shared memory by row group (ByRowGroup), after W1.
+  float* shared_q = reinterpret_cast<float*>(w1 + kF * L);
+  float* shared_k = shared_q + kF;
   const int K = p.K, D = p.nh * kF;
   const int lane = threadIdx.x % kWarp, cg = lane % L, ro = lane / L;
   const int r = WindowPosition(seg, K);
@@ -401,8 +425,11 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
     }
   }
   if (ro == 0) {
-    shared_q[cg] = q4;
-    shared_k[cg] = k4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      shared_q[ByRowGroup<kF>(4 * cg + i)] = q[i];
+      shared_k[ByRowGroup<kF>(4 * cg + i)] = k[i];
+    }
   }
 
   // coef_j = τ_r·lr_j·(q·k_j + 1) for the window's earlier tokens (zero past them).
@@ -421,15 +448,21 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   __syncwarp();  // W1, q and k are in shared memory.
 
   // z1 = k·W1 + b1 and zq = q·W1 + b1 (this lane: its rows' share of its columns).
-  const float* sq = reinterpret_cast<const float*>(shared_q);
-  const float* sk = reinterpret_cast<const float*>(shared_k);
   float4 z1 = Broadcast4(0.0f), zq = Broadcast4(0.0f);
+  constexpr int kLoad = Tile::kRowsPerLane % 4 == 0 ? 4 : 1;  // Rows of q and k a load.
+  using Rows = std::conditional_t<kLoad == 4, float4, float>;
+  const Rows* k_rows = reinterpret_cast<const Rows*>(shared_k + ro * Tile::kRowsPerLane);
+  const Rows* q_rows = reinterpret_cast<const Rows*>(shared_q + ro * Tile::kRowsPerLane);
 #pragma unroll
-  for (int m = 0; m < Tile::kRowsPerLane; ++m) {
-    const int d = ro + R * m;
-    const float4 w = CopiedW1<kF, kSplit>(w1, d, cg);
-    z1 = z1 + sk[d] * w;
-    zq = zq + sq[d] * w;
+  for (int load = 0; load < Tile::kRowsPerLane / kLoad; ++load) {
+    const Rows k_load = k_rows[load], q_load = q_rows[load];
+#pragma unroll
+    for (int i = 0; i < kLoad; ++i) {
+      const int m = kLoad * load + i;
+      const float4 w = CopiedW1<kF, kSplit>(w1, ro + R * m, cg);
+      z1 = z1 + RowOf(k_load, i) * w;
+      zq = zq + RowOf(q_load, i) * w;
+    }
   }
   // Unless this token commits θ0, W1 is not read again: the next item's copy starts.
   const bool commits = r == K - 1;

@@ -309,6 +309,24 @@ __global__ void __launch_bounds__(kMaxScanThreads)
   }
 }
 
+// A warp's place among a decode step's items: `item` = segment · nh + head. A warp walks items a
+// grid apart, each step adding the grid's whole segments and heads and carrying the heads past nh:
+// item / nh and item % nh were two integer divisions on the path to every item's first loads
+// (bench/README.md v60).
+struct DecodeItem {
+  int item, segment, head;
+
+  __device__ __forceinline__ void Next(int grid_segments, int grid_heads, int nh) {
+    item += gridDim.x;
+    segment += grid_segments;
+    head += grid_heads;
+    if (head >= nh) {
+      head -= nh;
+      ++segment;
+    }
+  }
+};
+
 // Decode, TTT-Linear: one token per sequence, a warp per (sequence, head) item running
 // DecodeLinearToken (ttt_decode.cuh). The grid is persistent: each warp walks items a grid apart,
 // and its next item's W1 is copied as soon as the current item releases its copy, so the copy
@@ -329,16 +347,23 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
   extern __shared__ float4 w1[];  // DecodeSharedBytes(kF)
   // Items are (segment, head), head fastest; a decode graph's batch bucket pads with empty
   // segments, which have nothing to compute.
-  auto next_live = [&](int item) {
-    while (item < num_items && segments[item / p.nh].count == 0) item += gridDim.x;
-    return item;
+  const int grid_segments = gridDim.x / p.nh, grid_heads = gridDim.x % p.nh;
+  auto advance = [&](DecodeItem at) {
+    at.Next(grid_segments, grid_heads, p.nh);
+    return at;
   };
-  auto segment_of = [&](int item) { return item < num_items ? segments[item / p.nh] : Segment{}; };
-  // Starts copying W1 for `item`, whose segment segment() gives (called only for an item in range).
-  auto copy_w1 = [&](int item, auto segment) {
-    if (item < num_items) {
+  auto next_live = [&](DecodeItem at) {
+    while (at.item < num_items && segments[at.segment].count == 0) at = advance(at);
+    return at;
+  };
+  auto segment_of = [&](const DecodeItem& at) {
+    return at.item < num_items ? segments[at.segment] : Segment{};
+  };
+  // Starts copying W1 for `at`, whose segment segment() gives (called only for an item in range).
+  auto copy_w1 = [&](const DecodeItem& at, auto segment) {
+    if (at.item < num_items) {
       const bool commits = WindowPosition(segment(), p.K) == p.K - 1;
-      CopyW1Async<kF, kSplit>(SequenceState(state, segment().slot), off, p.nh, item % p.nh, commits,
+      CopyW1Async<kF, kSplit>(SequenceState(state, segment().slot), off, p.nh, at.head, commits,
                               w1);
     }
     __pipeline_commit();
@@ -349,7 +374,8 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
 
   // The first item's W1 (state this kernel alone writes) is on its way before the previous
   // kernel, which writes the projection, ends. The loop over the items comes in two forms.
-  int item = next_live(blockIdx.x);
+  const int first = static_cast<int>(blockIdx.x);
+  DecodeItem item = next_live({first, first / p.nh, first % p.nh});
   if constexpr (kWarpsPerSm < kMostDecodeWarpsPerSm) {
     // With the roomier register budget, the next item's segment is asked for as an item starts
     // and first used where the item releases its W1 copy. Waited for at the loop's top, it put a
@@ -357,14 +383,14 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
     Segment seg = segment_of(item);
     copy_w1(item, [&] { return seg; });
     WaitForPreviousKernel();
-    while (item < num_items) {
-      int next = item + gridDim.x;
+    while (item.item < num_items) {
+      DecodeItem next = advance(item);
       Segment next_seg = segment_of(next);
       WindowRows<kF> rows;
       DecodeLinearToken<kF, kTaps, kSplit>(
-          p, in, seg, item % p.nh, SequenceState(state, seg.slot), off, w1, out_all, rows, commit,
+          p, in, seg, item.head, SequenceState(state, seg.slot), off, w1, out_all, rows, commit,
           [&] {
-            if (next < num_items && next_seg.count == 0) {  // A batch bucket's padding.
+            if (next.item < num_items && next_seg.count == 0) {  // A batch bucket's padding.
               next = next_live(next);
               next_seg = segment_of(next);
             }
@@ -375,16 +401,17 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
     }
   } else {
     // At 128 registers (13 warps an SM) the next segment held across an item spilled 20 bytes,
-    // and 125m's steps were slower (v45), so this form waits for it at the loop's top.
-    copy_w1(item, [&] { return segments[item / p.nh]; });
+    // and 125m's steps were slower (v45), so this form waits for it at the loop's top. (Here the
+    // walk's place spills 8 bytes; 125m's steps were faster with it than with two divisions, v60.)
+    copy_w1(item, [&] { return segments[item.segment]; });
     WaitForPreviousKernel();
-    while (item < num_items) {
-      const int next = next_live(item + gridDim.x);
+    while (item.item < num_items) {
+      const DecodeItem next = next_live(advance(item));
       WindowRows<kF> rows;
       DecodeLinearToken<kF, kTaps, kSplit>(
-          p, in, segments[item / p.nh], item % p.nh,
-          SequenceState(state, segments[item / p.nh].slot), off, w1, out_all, rows, commit,
-          [&] { copy_w1(next, [&] { return segments[next / p.nh]; }); });
+          p, in, segments[item.segment], item.head,
+          SequenceState(state, segments[item.segment].slot), off, w1, out_all, rows, commit,
+          [&] { copy_w1(next, [&] { return segments[next.segment]; }); });
       item = next;
     }
   }
