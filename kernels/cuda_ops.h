@@ -138,8 +138,7 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
 // row): the items of segments[s] are at positions s·nh … s·nh + nh − 1, and position p runs on
 // warp p mod TttDecodeWarps(…); segments of no token are skipped. server/engine/decode_order.h
 // plans that order. `beside_scan`: a TttScan of the same step runs beside it (another stream),
-// so the kernel leaves each SM room for a scan block. Each output float is stored once (a
-// relaxed store), so that PostNormGate may take a row as soon as it is written.
+// so the kernel leaves each SM room for a scan block.
 bool TttDecodeFits(const TttScanParams& params, const TttProjectionInputs& inputs,
                    StateAddress state, TttStateOffsets offsets);
 cudaError_t TttDecode(const TttScanParams& params, const TttProjectionInputs& inputs,
@@ -154,17 +153,9 @@ int TttDecodeWarps(const TttScanParams& params, const TttProjectionInputs& input
 // times gelu(gate) when gate != nullptr (row stride gate_ld), written as `out_type`. The gate
 // (the input projection's) must come from a kernel at least two launches back on the stream:
 // the kernel reads it while the previous one, which writes x, is still running.
-//
-// With `awaited` (rows entries), the previous kernel is TttDecode taking those segments in that
-// order, and x's rows held kRowPending before it started (the float of all bits set, a NaN no
-// arithmetic yields: a byte fill of 0xFF makes it). Each row is then made as soon as its floats
-// are written, during the decode kernel's last items rather than after its end, and set back to
-// kRowPending for the next layer's; an idle segment's row (count 0) is made from zeros. The
-// kernel still ends only after the decode kernel has.
-inline constexpr uint32_t kRowPending = 0xFFFFFFFFu;
-cudaError_t PostNormGate(float* x, int rows, int D, const float* weight, const float* bias,
-                         float eps, const float* gate, int64_t gate_ld, const Segment* awaited,
-                         void* y, ElementType out_type, cudaStream_t stream);
+cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
+                         float eps, const float* gate, int64_t gate_ld, void* y,
+                         ElementType out_type, cudaStream_t stream);
 
 // out [rows, I] = silu(gate) ⊙ up from the fused projection gate_up [rows, 2I] (`in_type`),
 // whose columns interleave gate and up: (g0, u0, g1, u1, …).
@@ -200,15 +191,12 @@ struct ProductInput {
   enum class Kind { kRows, kRmsNorm, kLayerNormGate };
   Kind kind = Kind::kRows;
   const void* rows = nullptr;      // kRows: [rows, in], of the product's element type.
-  float* source = nullptr;         // The norms: float32 [rows, in].
+  const float* source = nullptr;   // The norms: float32 [rows, in].
   const float* weight = nullptr;   // The norm's gain [in],
   const float* bias = nullptr;     // and LayerNorm's bias [in].
   float eps = 0;
   const float* gate = nullptr;     // kLayerNormGate: [rows, gate_ld], or nullptr for no gate.
   int64_t gate_ld = 0;
-  // kLayerNormGate: source's rows as TttDecode writes them, in this segment order (PostNormGate's
-  // `awaited`; source is then also written). A product that makes its input itself ignores it.
-  const Segment* awaited = nullptr;
 };
 
 // Writes a norm's input rows into x [rows, in] (of `type`), by RmsNorm or PostNormGate.

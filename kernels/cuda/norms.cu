@@ -29,24 +29,12 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// A float of a row TttDecode is writing, once written (see PostNormGate's `awaited`).
-__device__ __forceinline__ float LoadWritten(const float* p) {
-  float v;
-  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ bool Pending(float v) { return __float_as_uint(v) == kRowPending; }
-
-template <bool kAwaited>
 __global__ void __launch_bounds__(1024)
-    PostNormGateKernel(float* x, int D, const float* w, const float* b, float eps,
-                       const float* gate, int64_t gate_ld, const Segment* awaited, void* y,
-                       ElementType out_type) {
+    PostNormGateKernel(const float* x, int D, const float* w, const float* b, float eps,
+                       const float* gate, int64_t gate_ld, void* y, ElementType out_type) {
   __shared__ float scratch[kWarp];
-  const int row = kAwaited ? awaited[blockIdx.x].row : static_cast<int>(blockIdx.x);
-  const int64_t base = static_cast<int64_t>(row) * D;
-  const float* gate_row = gate + static_cast<int64_t>(row) * gate_ld;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
+  const float* gate_row = gate + static_cast<int64_t>(blockIdx.x) * gate_ld;
   // Everything the row needs is loaded before the first reduction waits; the weights, and the
   // gate with its gelu (written by an earlier kernel than the previous one, so complete by now:
   // see PostNormGate), before the previous kernel ends.
@@ -58,32 +46,13 @@ __global__ void __launch_bounds__(1024)
     shift[m] = i < D ? b[i] : 0.0f;
     gated[m] = i < D && gate != nullptr ? Gelu(gate_row[i]) : 1.0f;
   }
-  if constexpr (kAwaited) {
-    // The row's floats as the decode kernel stores them: each asked for at once, then those
-    // still pending again until written.
-    const bool idle = awaited[blockIdx.x].count == 0;
+  WaitForPreviousKernel();
 #pragma unroll
-    for (int m = 0; m < kRowSlice; ++m) {
-      const int i = threadIdx.x + m * blockDim.x;
-      v[m] = i < D && !idle ? LoadWritten(x + base + i) : 0.0f;
-    }
-#pragma unroll
-    for (int m = 0; m < kRowSlice; ++m) {
-      while (Pending(v[m])) {
-        __nanosleep(128);
-        v[m] = LoadWritten(x + base + threadIdx.x + m * blockDim.x);
-      }
-    }
-  } else {
-    WaitForPreviousKernel();
-#pragma unroll
-    for (int m = 0; m < kRowSlice; ++m) {
-      const int i = threadIdx.x + m * blockDim.x;
-      v[m] = i < D ? x[base + i] : 0.0f;
-    }
+  for (int m = 0; m < kRowSlice; ++m) {
+    const int i = threadIdx.x + m * blockDim.x;
+    v[m] = i < D ? x[base + i] : 0.0f;
+    sum += v[m];
   }
-#pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) sum += v[m];
   const float mean = BlockSum(sum, scratch) / D;
   float squares = 0;
 #pragma unroll
@@ -98,14 +67,8 @@ __global__ void __launch_bounds__(1024)
     if (i < D) {
       const float normed = (v[m] - mean) * inv_std * gain[m] + shift[m];
       Store(y, base + i, gate != nullptr ? gated[m] * normed : normed, out_type);
-      if constexpr (kAwaited) x[base + i] = __uint_as_float(kRowPending);
     }
   }
-  // This kernel ends after the decode kernel, as every kernel ends after the one before it (see
-  // WaitForPreviousKernel): its last block, whose row that kernel writes last, waits for that
-  // kernel's end and then lets the next kernel start. The others leave as soon as their rows are
-  // made, so that the blocks after them find room on SMs the decode kernel still holds.
-  if (kAwaited && blockIdx.x == gridDim.x - 1) WaitForPreviousKernel();
 }
 
 }  // namespace
@@ -117,26 +80,20 @@ cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float 
   return Launch(RmsNormKernel, rows, RowThreads(D), 0, stream, x, D, weight, eps, y, out_type);
 }
 
-cudaError_t PostNormGate(float* x, int rows, int D, const float* weight, const float* bias,
-                         float eps, const float* gate, int64_t gate_ld, const Segment* awaited,
-                         void* y, ElementType out_type, cudaStream_t stream) {
+cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, const float* bias,
+                         float eps, const float* gate, int64_t gate_ld, void* y,
+                         ElementType out_type, cudaStream_t stream) {
   if (D > kMaxRowWidth) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   // o_proj's product follows, with over 100 KB of shared memory a block; an SM holds blocks of one
   // carveout at a time, so that product's blocks start beside this kernel's last ones (and fetch
   // their first weights early) only if this kernel asks for the same (bench/README.md v14, v26).
-  static const cudaError_t carveout = [] {
-    for (auto kernel : {PostNormGateKernel<false>, PostNormGateKernel<true>}) {
-      const cudaError_t set = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-      if (set != cudaSuccess) return set;
-    }
-    return cudaSuccess;
-  }();
+  static const cudaError_t carveout =
+      cudaFuncSetAttribute(PostNormGateKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
   if (carveout != cudaSuccess) return carveout;
-  return Launch(awaited != nullptr ? PostNormGateKernel<true> : PostNormGateKernel<false>, rows,
-                RowThreads(D), 0, stream, x, D, weight, bias, eps, gate, gate_ld, awaited, y,
-                out_type);
+  return Launch(PostNormGateKernel, rows, RowThreads(D), 0, stream, x, D, weight, bias, eps, gate,
+                gate_ld, y, out_type);
 }
 
 cudaError_t MakeProductInput(const ProductInput& input, int rows, int in, void* x,
@@ -146,7 +103,7 @@ cudaError_t MakeProductInput(const ProductInput& input, int rows, int in, void* 
       return RmsNorm(input.source, rows, in, input.weight, input.eps, x, type, stream);
     case ProductInput::Kind::kLayerNormGate:
       return PostNormGate(input.source, rows, in, input.weight, input.bias, input.eps, input.gate,
-                          input.gate_ld, input.awaited, x, type, stream);
+                          input.gate_ld, x, type, stream);
     case ProductInput::Kind::kRows:
       break;
   }

@@ -329,13 +329,6 @@ __device__ __forceinline__ void LoadWindowRows(const DecodeWindow& window, int r
   }
 }
 
-// Four floats of an output row, stored once and relaxed: PostNormGate may read the row while
-// this kernel runs (its `awaited`), each float as it lands.
-__device__ __forceinline__ void StoreOutput(float4* p, float4 v) {
-  asm volatile("st.relaxed.gpu.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w));
-}
-
 // The token of segment `seg` (one row) at head `head`, whose layer state starts at `base`: its
 // gradient at θ0 joins the window, its output row (q + LN of the dual-form row) goes to out_all,
 // and after the window's last token `commit(window, bias)` commits θ0 (CommitWindow, by this warp
@@ -509,9 +502,8 @@ __device__ __forceinline__ void DecodeLinearToken(const TttScanParams& p,
   float out_inv_std;
   const float4 out_centred = CentreColumns<kF>(zbar, p.ln_eps, &out_inv_std);
   if (ro == 0) {
-    StoreOutput(
-        reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF) + cg,
-        q4 + gamma * (out_inv_std * out_centred) + beta);
+    reinterpret_cast<float4*>(out_all + static_cast<int64_t>(seg.row) * D + head * kF)[cg] =
+        q4 + gamma * (out_inv_std * out_centred) + beta;
   }
   // After the window's last token θ0 becomes θ̄ (CommitWindow): here, or by the caller's warps.
   if (commits) {

@@ -1005,7 +1005,7 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
     }
   }
   if (logit_rows == 0) return absl::OkStatus();
-  float* final_rows = s.h.get<float>();
+  const float* final_rows = s.h.get<float>();
   if (gather) {
     TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.out_rows.get<int32_t>(), logit_rows, D,
                             s.final_rows.get<float>(), stream_));
@@ -1188,25 +1188,6 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const cu::StateAddress state{pool_.get<float>(), layout_.total_floats(),
                                layout_.layer_offset(layer)};
   float* h = s.h.get<float>();
-  float* proj = s.proj.get<float>();
-  cu::TttProjectionInputs inputs = TttInputs(layer);
-  inputs.proj = proj;
-  const cu::TttScanParams params = TttParams(layer);
-  const cu::TttStateOffsets offsets = TttOffsets();
-  float* ttt_out = s.ttt_out.get<float>();
-  // The step's segments again, in the order the kernels take them (StageDecodeOrder): the
-  // decode segments first, then the scanned ones.
-  const cu::Segment* ordered = segments + num_segments;
-  const bool decode_kernel =
-      decode_segments > 0 && cu::TttDecodeFits(params, inputs, state, offsets);
-  // A step of the decode kernel alone hands its output rows to PostNormGate as they are written
-  // (its `awaited`), over rows that hold kRowPending: the step's first layer fills them, and each
-  // layer's PostNormGate leaves them so for the next.
-  const bool rows_awaited = one_token_each && decode_kernel;
-  if (rows_awaited && layer == 0) {
-    static_assert(cu::kRowPending == 0xFFFFFFFFu);
-    TTT_CUDA(cudaMemsetAsync(ttt_out, 0xFF, rows * D * sizeof(float), stream_));
-  }
 
   // The TTT layer's inputs (spec §3.2–3.4): one GEMM for every projection of x (normed), then
   // the convs, RoPE and the step sizes.
@@ -1226,13 +1207,24 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   } else {
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
+  float* proj = s.proj.get<float>();
   if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
   } else {
     TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.in_proj, columns_.ld, proj, false));
   }
-  if (rows_awaited) {
+  cu::TttProjectionInputs inputs = TttInputs(layer);
+  inputs.proj = proj;
+  const cu::TttScanParams params = TttParams(layer);
+  const cu::TttStateOffsets offsets = TttOffsets();
+  float* ttt_out = s.ttt_out.get<float>();
+  // The step's segments again, in the order the kernels take them (StageDecodeOrder): the
+  // decode segments first, then the scanned ones.
+  const cu::Segment* ordered = segments + num_segments;
+  const bool decode_kernel =
+      decode_segments > 0 && cu::TttDecodeFits(params, inputs, state, offsets);
+  if (one_token_each && decode_kernel) {
     TTT_CUDA(cu::TttDecode(params, inputs, ordered, num_segments, state, offsets, ttt_out,
                            /*beside_scan=*/false, stream_));
   } else {
@@ -1276,8 +1268,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                    .bias = w.post_norm_b,
                                    .eps = kLayerNormEps,
                                    .gate = c.use_gate ? proj + columns_.g : nullptr,
-                                   .gate_ld = columns_.ld,
-                                   .awaited = rows_awaited ? ordered : nullptr};
+                                   .gate_ld = columns_.ld};
   if (TensorCoreProducts(rows)) {
     // o_proj, then the SwiGLU feed-forward's norm and gate_up, in two kernels.
     TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
