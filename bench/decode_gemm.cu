@@ -12,6 +12,11 @@
 //   …_split_k      the same where the tiles are fewer than the SMs, with K split among blocks
 //                  that add their sums into y atomically (y zeroed first when the product
 //                  stores: that memset is timed with it).
+//   cluster_split_256xN_Sstages_kK[_x_pairs]_R_of_C_clusters_resident  tiles of all 256 rows
+//                  by N outputs, K split K ways among a cluster's blocks, which sum their
+//                  partial tiles through distributed shared memory (ClusterSplitKernel); with
+//                  _x_pairs, two column tiles also share x's slices; R of the grid's C clusters
+//                  fit on the GPU at once.
 //   …_chained      the time the product adds after a row kernel (see BusyKernel).
 //   cublaslt_then_swiglu, …_swiglu  gate_up as the engine runs it (cuBLASLt's product, then the
 //                  engine's SwiGLU kernel writing the bf16 activation), and ours writing that
@@ -347,6 +352,175 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
 }
 
+// A product whose tiles hold all 256 rows, with K split among the blocks of a cluster that add
+// their sums through distributed shared memory. At 256 rows WgmmaKernel's tiles re-read x from L2
+// once per column block: a 64 × 64 tile brings 512 KB into its SM for 1b o_proj, where a 256 × 128
+// tile over an eighth of K brings 192 KB and every weight crosses from DRAM once. The blocks of a
+// cluster that hold one tile's K splits sum their partial tiles in split order (a result
+// independent of timing), each block the rows of its own share. With kPairs = 2, two column
+// tiles in the cluster also share x's slices: each block brings half of every slice into both
+// (TMA multicast), as WgmmaKernel's row pairs share w's. Four consumer warpgroups take 64 rows
+// each of every slice; one producer warp keeps `stages` slices in flight.
+constexpr int kClusterRows = 256, kClusterConsumers = 4;
+constexpr int kClusterThreads = 128 * kClusterConsumers + 32;
+
+// Four floats at `local`'s offset in the shared memory of block `cta` of this cluster.
+__device__ __forceinline__ float4 LoadFromCluster(const float* local, uint32_t cta) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  float4 v;
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %4, %5;\n"
+      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n"
+      "}"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(address), "r"(cta)
+      : "memory");
+  return v;
+}
+
+// Grid (column tiles, 1, splits), clusters (kPairs, 1, splits): block (x, 0, z) multiplies column
+// tile x over K's z-th share.
+template <int kN, int kPairs>
+__global__ void __launch_bounds__(kClusterThreads)
+    ClusterSplitKernel(const __grid_constant__ CUtensorMap x_map,
+                       const __grid_constant__ CUtensorMap w_map, float* y, int in, int out,
+                       int stages, int tiles_per_split, bool add) {
+  static_assert(kN % 8 == 0 && kN <= 256 && (kPairs == 1 || kPairs == 2));
+  constexpr int kXElements = kClusterRows * kSliceIn, kWElements = kN * kSliceIn;
+  constexpr int kXPartRows = kClusterRows / kPairs;  // Of each slice of x, what one block brings.
+  constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
+  constexpr int kPartialStride = kN + 8;  // Floats a row: float2 stores of 8 rows miss each other.
+  extern __shared__ unsigned char shared[];
+  __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
+  bf16* x_tiles =
+      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
+  bf16* w_tiles = x_tiles + stages * kXElements;
+  const int out0 = blockIdx.x * kN;
+  const int first_tile = blockIdx.z * tiles_per_split;
+  const int tiles = min(in / kSliceIn, first_tile + tiles_per_split) - first_tile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int splits = gridDim.z;               // The cluster holds one block of each split.
+  const uint32_t pair = blockIdx.x % kPairs;  // This block's rank is pair + kPairs · blockIdx.z.
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      cuda::ptx::mbarrier_init(&full[s], 1);
+      // Lane 0 of each consumer warp, in both blocks of a pair.
+      cuda::ptx::mbarrier_init(&empty[s], 4 * kClusterConsumers * kPairs);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  SyncCluster();  // Every block's barriers are ready before any copy or arrival reaches them.
+
+  const bool producer = warp == 4 * kClusterConsumers;
+  if (producer && lane == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
+    auto load_w = [&](int t) {
+      const int32_t at[2] = {(first_tile + t) * kSliceIn, out0};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      w_tiles + (t % stages) * kWElements, &w_map, at,
+                                      &full[t % stages]);
+    };
+    auto load_x = [&](int t) {
+      const int32_t at[2] = {(first_tile + t) * kSliceIn, static_cast<int>(pair) * kXPartRows};
+      bf16* part = x_tiles + (t % stages) * kXElements + pair * kXPartRows * kSliceIn;
+      if constexpr (kPairs > 1) {
+        const auto both = static_cast<uint16_t>(0b11u << (kPairs * blockIdx.z));
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
+                                        &x_map, at, &full[t % stages], both);
+      } else {
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
+                                        &x_map, at, &full[t % stages]);
+      }
+    };
+    const int early = min(tiles, stages);
+    for (int t = 0; t < early; ++t) {
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                           cuda::ptx::space_shared, &full[t], kStageBytes);
+      load_w(t);
+    }
+    WaitForPreviousKernel();
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % stages;
+      if (t >= stages) {
+        WaitForPhase(&empty[s], (t / stages + 1) % 2);
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                             cuda::ptx::space_shared, &full[s], kStageBytes);
+        load_w(t);
+      }
+      load_x(t);
+    }
+  }
+
+  // The block's partial tile, [kClusterRows][kPartialStride] floats over the stages once every
+  // slice is used.
+  float* partial = reinterpret_cast<float*>(x_tiles);
+  if (!producer) {
+    WaitForPreviousKernel();
+    const int consumer = warp / 4;
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      if constexpr (kPairs > 1) {
+        for (uint32_t p = 0; p < kPairs; ++p) ArriveInCluster(&empty[s], p + kPairs * blockIdx.z);
+      } else {
+        cuda::ptx::mbarrier_arrive(&empty[s]);
+      }
+    };
+    float d[kN / 2] = {};
+    MultiplySlices<kN>(d, full, stages, x_tiles + consumer * kGroupRows * kSliceIn,
+                       kXElements * sizeof(bf16), w_tiles, kWElements * sizeof(bf16), 0, 1, tiles,
+                       release);
+    // Every copy into this block's stages, its partner's included, has landed (each slice was
+    // waited for), so once its own consumers are done the stages are free.
+    asm volatile("bar.sync 1, %0;" ::"n"(128 * kClusterConsumers) : "memory");
+    const int top = consumer * kGroupRows + 16 * (warp % 4) + lane / 4;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const int column = 8 * j + 2 * (lane % 4);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        *reinterpret_cast<float2*>(partial + (top + 8 * half) * kPartialStride + column) =
+            make_float2(d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+  __syncwarp();   // The producer's lanes meet again before the cluster's barrier.
+  SyncCluster();  // Every block's partial tile is written.
+
+  if (!producer) {
+    // This block's rows: the z-th of `splits` stripes, the partial tiles of this column tile's
+    // blocks summed in split order, then added into y or stored.
+    const int stripe_rows = kClusterRows / splits;
+    constexpr int kQuads = kN / 4;  // Four-float pieces of a row.
+    for (int piece = threadIdx.x; piece < stripe_rows * kQuads; piece += 128 * kClusterConsumers) {
+      const int row = blockIdx.z * stripe_rows + piece / kQuads, column = piece % kQuads * 4;
+      if (out0 + column >= out) continue;
+      const float* local = partial + row * kPartialStride + column;
+      float4 sum = LoadFromCluster(local, pair);
+      for (int split = 1; split < splits; ++split) {
+        const float4 v = LoadFromCluster(local, pair + kPairs * split);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      float4* target =
+          reinterpret_cast<float4*>(y + static_cast<int64_t>(row) * out + out0 + column);
+      if (add) {
+        const float4 earlier = *target;
+        sum.x += earlier.x;
+        sum.y += earlier.y;
+        sum.z += earlier.z;
+        sum.w += earlier.w;
+      }
+      *target = sum;
+    }
+  }
+  SyncCluster();  // No block leaves while another reads its partial tile.
+}
+
 struct Product {
   const char* preset;
   const char* name;
@@ -485,17 +659,17 @@ CUtensorMap TileMap(const bf16* matrix, int rows, int in, int box_rows) {
   return map;
 }
 
-// Launch() with clusters of `cluster` blocks along y.
+// Launch() with clusters of `cluster` blocks.
 template <typename... Params, typename... Args>
 cudaError_t LaunchClusters(void (*kernel)(Params...), dim3 grid, int threads, size_t shared_bytes,
-                           int cluster, Args... args) {
+                           dim3 cluster, Args... args) {
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
   attributes[1].id = cudaLaunchAttributeClusterDimension;
-  attributes[1].val.clusterDim.x = 1;
-  attributes[1].val.clusterDim.y = cluster;
-  attributes[1].val.clusterDim.z = 1;
+  attributes[1].val.clusterDim.x = cluster.x;
+  attributes[1].val.clusterDim.y = cluster.y;
+  attributes[1].val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = threads;
@@ -545,10 +719,80 @@ void RunWgmma(const Product& p, const bf16* x, const bf16* w, const Expected& ex
         p, name, kTileRows, kN, sms, flush, busy_ms, expected,
         [&](int grid_x, int grid_y, int splits, int per_split, Write write) {
           CHECK_CUDA(LaunchClusters(kernel, dim3(grid_x, grid_y, splits), 128 * kConsumers + 32,
-                                    shared_bytes, kCluster, x_map, w_map, expected.y, p.in, p.out,
-                                    stages, per_split, write, ablation));
+                                    shared_bytes, dim3(1, kCluster, 1), x_map, w_map, expected.y,
+                                    p.in, p.out, stages, per_split, write, ablation));
         });
   }
+}
+
+// ClusterSplitKernel at tile width kN with K split `splits` ways, where its blocks fill the SMs
+// once and every cluster fits.
+template <int kN, int kPairs, typename Flush>
+void RunClusterSplit(const Product& p, const bf16* x, const bf16* w, const Expected& expected,
+                     int splits, int sms, Flush flush, double busy_ms) {
+  const int tiles = ((p.out + kN - 1) / kN + kPairs - 1) / kPairs * kPairs;
+  const int in_tiles = p.in / kSliceIn;
+  if (p.rows != kClusterRows || p.out % 4 != 0 || p.in % kSliceIn != 0 || expected.swiglu ||
+      tiles * splits > sms || kClusterRows % splits != 0 || kPairs * splits > 8) {
+    return;
+  }
+  const int per_split = (in_tiles + splits - 1) / splits;
+  if ((splits - 1) * per_split >= in_tiles) return;  // A split would have no slice.
+  const auto kernel = ClusterSplitKernel<kN, kPairs>;
+  const size_t stage_bytes = sizeof(bf16) * (kClusterRows + kN) * kSliceIn;
+  constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
+  const int stages =
+      std::min<int>({kMaxStages, per_split, static_cast<int>(kSharedLimit / stage_bytes)});
+  const size_t partial_bytes = sizeof(float) * kClusterRows * (kN + 8);
+  const size_t shared_bytes = std::max(stages * stage_bytes, partial_bytes) + 1024;
+  if (shared_bytes > kSharedLimit + 1024) return;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shared_bytes)));
+  const CUtensorMap x_map = TileMap(x, p.rows, p.in, kClusterRows / kPairs);
+  const CUtensorMap w_map = TileMap(w, p.out, p.in, kN);
+  const dim3 grid(tiles, 1, splits), cluster(kPairs, 1, splits);
+  auto launch = [&] {
+    CHECK_CUDA(LaunchClusters(kernel, grid, kClusterThreads, shared_bytes, cluster, x_map, w_map,
+                              static_cast<float*>(expected.y), p.in, p.out, stages, per_split,
+                              p.accumulate));
+  };
+  // How many clusters the GPU holds at once: fewer than the grid's and it runs in two waves.
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster.x;
+  attribute.val.clusterDim.y = cluster.y;
+  attribute.val.clusterDim.z = cluster.z;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = kClusterThreads;
+  config.dynamicSmemBytes = shared_bytes;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int resident = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+  const size_t count = expected.values.size();
+  const size_t bytes = count * sizeof(float);
+  const double ms = MedianMs(flush, launch);
+  const double chained_ms = MedianMs(flush, [&] {
+    LaunchBusy();
+    launch();
+  });
+  CHECK_CUDA(cudaMemset(expected.y, 0, bytes));
+  launch();
+  std::vector<float> ours(count);
+  CHECK_CUDA(cudaMemcpy(ours.data(), expected.y, bytes, cudaMemcpyDeviceToHost));
+  double diff = 0;
+  for (size_t e = 0; e < count; ++e) {
+    diff = std::max(diff, std::fabs(static_cast<double>(expected.values[e]) - ours[e]));
+  }
+  const double relative_diff = expected.largest > 0 ? diff / expected.largest : diff;
+  const int clusters = tiles / kPairs;
+  const std::string name = "cluster_split_256x" + std::to_string(kN) + "_" +
+                           std::to_string(stages) + "stages_k" + std::to_string(splits) +
+                           (kPairs > 1 ? "_x_pairs" : "") + "_" + std::to_string(resident) +
+                           "_of_" + std::to_string(clusters) + "_clusters_resident";
+  Report(p, name.c_str(), ms, relative_diff, splits);
+  Report(p, (name + "_chained").c_str(), chained_ms - busy_ms, relative_diff, splits);
 }
 
 template <int kConsumers, int kCluster, bool kByRows, int... kWidths, typename... Args>
@@ -652,6 +896,13 @@ int main(int argc, char** argv) {
     RunWgmmaWidths<2, 2, false>(kWidths, p, x, w, sums, sms, flush, busy_ms);
     RunWgmmaWidths<2, 1, true>(kWidths, p, x, w, sums, sms, flush, busy_ms);
     RunWgmmaWidths<2, 2, true>(kWidths, p, x, w, sums, sms, flush, busy_ms);
+    for (const int splits : {2, 4, 8}) {
+      RunClusterSplit<64, 1>(p, x, w, sums, splits, sms, flush, busy_ms);
+      RunClusterSplit<96, 1>(p, x, w, sums, splits, sms, flush, busy_ms);
+      RunClusterSplit<128, 1>(p, x, w, sums, splits, sms, flush, busy_ms);
+      RunClusterSplit<64, 2>(p, x, w, sums, splits, sms, flush, busy_ms);
+      RunClusterSplit<96, 2>(p, x, w, sums, splits, sms, flush, busy_ms);
+    }
 
     if (p.swiglu) {
       // As the engine runs it: cuBLASLt's product, then its SwiGLU kernel; against ours with
