@@ -49,6 +49,7 @@
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "bench/product_inputs.h"
+#include "kernels/cuda/cluster_split_product.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -58,10 +59,18 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using ttt::Median;
+using ttt::kernels::cuda::ArriveInCluster;
+using ttt::kernels::cuda::ClusterSplitKernel;
+using ttt::kernels::cuda::ClusterSplitOutput;
+using ttt::kernels::cuda::ClusterSplitSharedBytes;
+using ttt::kernels::cuda::kClusterMaxStages;
+using ttt::kernels::cuda::kClusterRows;
+using ttt::kernels::cuda::kClusterThreads;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::MultiplySlices;
 using ttt::kernels::cuda::Swish;
+using ttt::kernels::cuda::SyncCluster;
 using ttt::kernels::cuda::WaitForPhase;
 using ttt::kernels::cuda::WaitForPreviousKernel;
 
@@ -98,26 +107,6 @@ __device__ __forceinline__ void WriteSums(float* y, float first, float second, W
 // TMA and not written), chosen so that the tiles about fill the GPU once, with whole K in flight
 // where it fits.
 constexpr int kGroupRows = 64, kMaxStages = 32;
-
-// Releases a stage in the block of rank `cta` of this block's cluster. The release is the
-// block's own (.cta, the default), as the stage's reads were: a cluster-scope release is a
-// fence that waits for every memory operation of the warp.
-__device__ __forceinline__ void ArriveInCluster(uint64_t* barrier, uint32_t cta) {
-  const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-      "}" ::"r"(local),
-      "r"(cta)
-      : "memory");
-}
-
-__device__ __forceinline__ void SyncCluster() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
-}
 
 // A block's first slices of w are asked for before it waits for the previous kernel (launched
 // as Launch() does, it may start while that one ends): weights are never a kernel's output, so in
@@ -352,175 +341,6 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
   }
 }
 
-// A product whose tiles hold all 256 rows, with K split among the blocks of a cluster that add
-// their sums through distributed shared memory. At 256 rows WgmmaKernel's tiles re-read x from L2
-// once per column block: a 64 × 64 tile brings 512 KB into its SM for 1b o_proj, where a 256 × 128
-// tile over an eighth of K brings 192 KB and every weight crosses from DRAM once. The blocks of a
-// cluster that hold one tile's K splits sum their partial tiles in split order (a result
-// independent of timing), each block the rows of its own share. With kPairs = 2, two column
-// tiles in the cluster also share x's slices: each block brings half of every slice into both
-// (TMA multicast), as WgmmaKernel's row pairs share w's. Four consumer warpgroups take 64 rows
-// each of every slice; one producer warp keeps `stages` slices in flight.
-constexpr int kClusterRows = 256, kClusterConsumers = 4;
-constexpr int kClusterThreads = 128 * kClusterConsumers + 32;
-
-// Four floats at `local`'s offset in the shared memory of block `cta` of this cluster.
-__device__ __forceinline__ float4 LoadFromCluster(const float* local, uint32_t cta) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  float4 v;
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %4, %5;\n"
-      "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n"
-      "}"
-      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-      : "r"(address), "r"(cta)
-      : "memory");
-  return v;
-}
-
-// Grid (column tiles, 1, splits), clusters (kPairs, 1, splits): block (x, 0, z) multiplies column
-// tile x over K's z-th share.
-template <int kN, int kPairs>
-__global__ void __launch_bounds__(kClusterThreads)
-    ClusterSplitKernel(const __grid_constant__ CUtensorMap x_map,
-                       const __grid_constant__ CUtensorMap w_map, float* y, int in, int out,
-                       int stages, int tiles_per_split, bool add) {
-  static_assert(kN % 8 == 0 && kN <= 256 && (kPairs == 1 || kPairs == 2));
-  constexpr int kXElements = kClusterRows * kSliceIn, kWElements = kN * kSliceIn;
-  constexpr int kXPartRows = kClusterRows / kPairs;  // Of each slice of x, what one block brings.
-  constexpr uint32_t kStageBytes = sizeof(bf16) * (kXElements + kWElements);
-  constexpr int kPartialStride = kN + 8;  // Floats a row: float2 stores of 8 rows miss each other.
-  extern __shared__ unsigned char shared[];
-  __shared__ uint64_t full[kMaxStages], empty[kMaxStages];
-  bf16* x_tiles =
-      reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(shared) + 1023) & ~uintptr_t{1023});
-  bf16* w_tiles = x_tiles + stages * kXElements;
-  const int out0 = blockIdx.x * kN;
-  const int first_tile = blockIdx.z * tiles_per_split;
-  const int tiles = min(in / kSliceIn, first_tile + tiles_per_split) - first_tile;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int splits = gridDim.z;               // The cluster holds one block of each split.
-  const uint32_t pair = blockIdx.x % kPairs;  // This block's rank is pair + kPairs · blockIdx.z.
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) {
-      cuda::ptx::mbarrier_init(&full[s], 1);
-      // Lane 0 of each consumer warp, in both blocks of a pair.
-      cuda::ptx::mbarrier_init(&empty[s], 4 * kClusterConsumers * kPairs);
-    }
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  }
-  SyncCluster();  // Every block's barriers are ready before any copy or arrival reaches them.
-
-  const bool producer = warp == 4 * kClusterConsumers;
-  if (producer && lane == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
-    auto load_w = [&](int t) {
-      const int32_t at[2] = {(first_tile + t) * kSliceIn, out0};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
-                                      w_tiles + (t % stages) * kWElements, &w_map, at,
-                                      &full[t % stages]);
-    };
-    auto load_x = [&](int t) {
-      const int32_t at[2] = {(first_tile + t) * kSliceIn, static_cast<int>(pair) * kXPartRows};
-      bf16* part = x_tiles + (t % stages) * kXElements + pair * kXPartRows * kSliceIn;
-      if constexpr (kPairs > 1) {
-        const auto both = static_cast<uint16_t>(0b11u << (kPairs * blockIdx.z));
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
-                                        &x_map, at, &full[t % stages], both);
-      } else {
-        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, part,
-                                        &x_map, at, &full[t % stages]);
-      }
-    };
-    const int early = min(tiles, stages);
-    for (int t = 0; t < early; ++t) {
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                           cuda::ptx::space_shared, &full[t], kStageBytes);
-      load_w(t);
-    }
-    WaitForPreviousKernel();
-    for (int t = 0; t < tiles; ++t) {
-      const int s = t % stages;
-      if (t >= stages) {
-        WaitForPhase(&empty[s], (t / stages + 1) % 2);
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                             cuda::ptx::space_shared, &full[s], kStageBytes);
-        load_w(t);
-      }
-      load_x(t);
-    }
-  }
-
-  // The block's partial tile, [kClusterRows][kPartialStride] floats over the stages once every
-  // slice is used.
-  float* partial = reinterpret_cast<float*>(x_tiles);
-  if (!producer) {
-    WaitForPreviousKernel();
-    const int consumer = warp / 4;
-    auto release = [&](int s) {
-      if (lane != 0) return;
-      if constexpr (kPairs > 1) {
-        for (uint32_t p = 0; p < kPairs; ++p) ArriveInCluster(&empty[s], p + kPairs * blockIdx.z);
-      } else {
-        cuda::ptx::mbarrier_arrive(&empty[s]);
-      }
-    };
-    float d[kN / 2] = {};
-    MultiplySlices<kN>(d, full, stages, x_tiles + consumer * kGroupRows * kSliceIn,
-                       kXElements * sizeof(bf16), w_tiles, kWElements * sizeof(bf16), 0, 1, tiles,
-                       release);
-    // Every copy into this block's stages, its partner's included, has landed (each slice was
-    // waited for), so once its own consumers are done the stages are free.
-    asm volatile("bar.sync 1, %0;" ::"n"(128 * kClusterConsumers) : "memory");
-    const int top = consumer * kGroupRows + 16 * (warp % 4) + lane / 4;
-#pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const int column = 8 * j + 2 * (lane % 4);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        *reinterpret_cast<float2*>(partial + (top + 8 * half) * kPartialStride + column) =
-            make_float2(d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
-      }
-    }
-  }
-  __syncwarp();   // The producer's lanes meet again before the cluster's barrier.
-  SyncCluster();  // Every block's partial tile is written.
-
-  if (!producer) {
-    // This block's rows: the z-th of `splits` stripes, the partial tiles of this column tile's
-    // blocks summed in split order, then added into y or stored.
-    const int stripe_rows = kClusterRows / splits;
-    constexpr int kQuads = kN / 4;  // Four-float pieces of a row.
-    for (int piece = threadIdx.x; piece < stripe_rows * kQuads; piece += 128 * kClusterConsumers) {
-      const int row = blockIdx.z * stripe_rows + piece / kQuads, column = piece % kQuads * 4;
-      if (out0 + column >= out) continue;
-      const float* local = partial + row * kPartialStride + column;
-      float4 sum = LoadFromCluster(local, pair);
-      for (int split = 1; split < splits; ++split) {
-        const float4 v = LoadFromCluster(local, pair + kPairs * split);
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      float4* target =
-          reinterpret_cast<float4*>(y + static_cast<int64_t>(row) * out + out0 + column);
-      if (add) {
-        const float4 earlier = *target;
-        sum.x += earlier.x;
-        sum.y += earlier.y;
-        sum.z += earlier.z;
-        sum.w += earlier.w;
-      }
-      *target = sum;
-    }
-  }
-  SyncCluster();  // No block leaves while another reads its partial tile.
-}
-
 struct Product {
   const char* preset;
   const char* name;
@@ -740,21 +560,24 @@ void RunClusterSplit(const Product& p, const bf16* x, const bf16* w, const Expec
   if ((splits - 1) * per_split >= in_tiles) return;  // A split would have no slice.
   const auto kernel = ClusterSplitKernel<kN, kPairs>;
   const size_t stage_bytes = sizeof(bf16) * (kClusterRows + kN) * kSliceIn;
-  constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kMaxStages * sizeof(uint64_t);
+  constexpr size_t kSharedLimit = 227 * 1024 - 1024 - 2 * kClusterMaxStages * sizeof(uint64_t);
   const int stages =
-      std::min<int>({kMaxStages, per_split, static_cast<int>(kSharedLimit / stage_bytes)});
-  const size_t partial_bytes = sizeof(float) * kClusterRows * (kN + 8);
-  const size_t shared_bytes = std::max(stages * stage_bytes, partial_bytes) + 1024;
+      std::min<int>({kClusterMaxStages, per_split, static_cast<int>(kSharedLimit / stage_bytes)});
+  const size_t shared_bytes = ClusterSplitSharedBytes<kN>(stages);
   if (shared_bytes > kSharedLimit + 1024) return;
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(shared_bytes)));
   const CUtensorMap x_map = TileMap(x, p.rows, p.in, kClusterRows / kPairs);
   const CUtensorMap w_map = TileMap(w, p.out, p.in, kN);
+  const ClusterSplitOutput output{.y = static_cast<float*>(expected.y),
+                                  .ld = p.out,
+                                  .rows = p.rows,
+                                  .out = p.out,
+                                  .add = p.accumulate};
   const dim3 grid(tiles, 1, splits), cluster(kPairs, 1, splits);
   auto launch = [&] {
     CHECK_CUDA(LaunchClusters(kernel, grid, kClusterThreads, shared_bytes, cluster, x_map, w_map,
-                              static_cast<float*>(expected.y), p.in, p.out, stages, per_split,
-                              p.accumulate));
+                              p.in, stages, per_split, output));
   };
   // How many clusters the GPU holds at once: fewer than the grid's and it runs in two waves.
   cudaLaunchAttribute attribute{};

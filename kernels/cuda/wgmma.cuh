@@ -161,6 +161,26 @@ __device__ __forceinline__ void MultiplySlices(float* d, uint64_t* full, int sta
   }
 }
 
+// Releases a stage in the block of rank `cta` of this block's cluster. The release is the
+// block's own (.cta, the default), as the stage's reads were: a cluster-scope release is a
+// fence that waits for every memory operation of the warp.
+__device__ __forceinline__ void ArriveInCluster(uint64_t* barrier, uint32_t cta) {
+  const auto local = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}" ::"r"(local),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ void SyncCluster() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
+
 // A TMA map of a row-major bf16 matrix [rows, in], read in boxes of box_rows × kSliceIn swizzled
 // as SwizzledTile's descriptors expect; reads past its rows or columns give zeros
 // (cudaErrorNotSupported where the driver has no tensor maps). With `slices` > 1 (`in` a multiple
