@@ -258,6 +258,17 @@ struct FeedForwardEntry {
 };
 bool TensorCoreProductsAvailable(int D, int I);
 
+// y [rows, out] (rows ld floats apart) = x · wᵀ, or += with `accumulate`, for x bf16 [rows, in]
+// and w bf16 [out, in], rows ≤ 256, on a GPU that runs sm_90a code, which
+// ClusterSplitProductsAvailable tells (and readies the kernel: call it once first). Each block
+// takes all the rows of 128 outputs over a share of K, and the blocks that share one tile's K sum
+// their partial tiles in a fixed order: the same bits whatever the timing (see
+// kernels/cuda/cluster_split_product.cuh). Takes in a multiple of 8, out and ld multiples of 4,
+// ld ≥ out, y 16-byte aligned.
+cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, int out, float* y,
+                                int64_t ld, bool accumulate, cudaStream_t stream);
+bool ClusterSplitProductsAvailable();
+
 // A decode step's layers for one sequence (batch 1) in one persistent kernel (see
 // sequence_step.cu): from the embedded row in h to the last layer's output row in h, with the
 // state advanced as ForwardLayer's kernels advance it. A layer's parts, as the engine keeps them:

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cuda/ptx>
 
+#include "kernels/cuda/cluster_split_product.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -357,6 +358,18 @@ cudaError_t AllowSharedMemory() {
                               static_cast<int>(SharedBytes<kN>(Stages<kN>(kWidestK))));
 }
 
+// The engine's cluster split-K product (cluster_split_product.cuh): tiles of all the rows by
+// kClusterSplitTile outputs, one cluster of K's shares a tile.
+constexpr int kClusterSplitTile = 128, kClusterMaxSplits = 8;
+constexpr auto kClusterSplitKernel = ClusterSplitKernel<kClusterSplitTile, 1>;
+
+// Its slices in flight: all of a block's share of K where they fit.
+int ClusterSplitStages(int slices_per_split) {
+  constexpr size_t kStageBytes = sizeof(bf16) * (kClusterRows + kClusterSplitTile) * kSliceIn;
+  return std::min<int>(
+      {kClusterMaxStages, slices_per_split, static_cast<int>(kSharedLimit / kStageBytes)});
+}
+
 }  // namespace
 
 cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, int slices,
@@ -433,6 +446,71 @@ cudaError_t FeedForwardEntry::Run(int rows, cudaStream_t stream) const {
   return LaunchProduct<kGateUpTile, Epilogue::kGateUpSwiGlu>(static_cast<const bf16*>(normed), rows,
                                                              D, static_cast<const bf16*>(gate_up),
                                                              2 * I, e, stream);
+}
+
+bool ClusterSplitProductsAvailable() {
+  if (TensorMapEncoder() == nullptr) return false;
+  // Loads the sm_90a image (an error on any other GPU) and lets the kernel have its stages.
+  if (cudaFuncSetAttribute(kClusterSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(ClusterSplitSharedBytes<kClusterSplitTile>(
+                               ClusterSplitStages(kClusterMaxStages)))) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, int out, float* y,
+                                int64_t ld, bool accumulate, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > kClusterRows || in % 8 != 0 || out % 4 != 0 || ld < out || ld % 4 != 0 ||
+      !Aligned16(y)) {
+    return cudaErrorInvalidValue;
+  }
+  int device = 0, sms = 0;
+  if (cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
+  if (cudaError_t error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      error != cudaSuccess) {
+    return error;
+  }
+  // As many shares of K as keep the blocks within one wave and give each at least a slice.
+  const int tiles = (out + kClusterSplitTile - 1) / kClusterSplitTile;
+  const int slices = (in + kSliceIn - 1) / kSliceIn;
+  int splits = kClusterMaxSplits;
+  while (splits > 1 &&
+         (tiles * splits > sms || (splits - 1) * ((slices + splits - 1) / splits) >= slices)) {
+    splits /= 2;
+  }
+  const int per_split = (slices + splits - 1) / splits;
+  CUtensorMap x_map, w_map;
+  if (cudaError_t error =
+          SwizzledTileMap(static_cast<const bf16*>(x), rows, in, kClusterRows, 1, &x_map);
+      error != cudaSuccess) {
+    return error;
+  }
+  if (cudaError_t error =
+          SwizzledTileMap(static_cast<const bf16*>(w), out, in, kClusterSplitTile, 1, &w_map);
+      error != cudaSuccess) {
+    return error;
+  }
+  const int stages = ClusterSplitStages(per_split);
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = static_cast<unsigned>(splits);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(tiles, 1, splits);
+  config.blockDim = kClusterThreads;
+  config.dynamicSmemBytes = ClusterSplitSharedBytes<kClusterSplitTile>(stages);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  const ClusterSplitOutput output{.y = y, .ld = ld, .rows = rows, .out = out, .add = accumulate};
+  return cudaLaunchKernelEx(&config, kClusterSplitKernel, x_map, w_map, in, stages, per_split,
+                            output);
 }
 
 }  // namespace ttt::kernels::cuda

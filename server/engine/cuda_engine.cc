@@ -240,6 +240,11 @@ class CudaEngine : public Engine {
   bool TensorCoreProducts(int64_t rows) const {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
+  // Whether a step of `rows` rows takes cu::ClusterSplitProduct for down (and for o_proj where
+  // TensorCoreProducts does not take it): CudaEngineOptions::cluster_split_products.
+  bool ClusterSplitProducts(int64_t rows) const {
+    return cluster_split_products_ && rows >= 64 && rows <= 256;
+  }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), and so was the entry with 1b's tiles (v43, v44), so wider models keep cuBLASLt's.
   static constexpr int kTensorCoreProductsMaxWidth = 1024;
@@ -318,6 +323,7 @@ class CudaEngine : public Engine {
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
+  bool cluster_split_products_ = false;  // Asked for, and the GPU runs them.
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
@@ -368,6 +374,15 @@ absl::Status CudaEngine::Initialize() {
   tensor_core_products_ = options_.precision == WeightPrecision::kBFloat16 &&
                           c.hidden_size <= kTensorCoreProductsMaxWidth &&
                           cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
+  if (options_.cluster_split_products) {
+    if (options_.precision != WeightPrecision::kBFloat16 || c.hidden_size % 8 != 0 ||
+        c.intermediate_size % 8 != 0 || !cu::ClusterSplitProductsAvailable()) {
+      return absl::FailedPreconditionError(
+          "cluster_split_products: takes bf16 weights, widths that are multiples of 8 and a GPU "
+          "that runs sm_90a code");
+    }
+    cluster_split_products_ = true;
+  }
 
   w1_split_ =
       options_.precision == WeightPrecision::kBFloat16 && c.ttt_layer_type == TttLayerType::kLinear;
@@ -1286,8 +1301,14 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                      .activation = s.ffn_act.get()};
     TTT_CUDA(entry.Run(static_cast<int>(rows), stream_));
   } else {
-    TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
-                                s.y_gemm.get()));
+    if (ClusterSplitProducts(rows)) {
+      TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
+      TTT_CUDA(cu::ClusterSplitProduct(s.y_gemm.get(), static_cast<int>(rows), D, w.o_proj, D, h, D,
+                                       /*accumulate=*/true, stream_));
+    } else {
+      TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate,
+                                  h, s.y_gemm.get()));
+    }
     // SwiGLU feed-forward.
     const cu::ProductInput ffn_norm{.kind = cu::ProductInput::Kind::kRmsNorm,
                                     .source = h,
@@ -1296,7 +1317,12 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
                                 s.ffn_act.get(), s.x.get()));
   }
-  TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
+  if (ClusterSplitProducts(rows)) {
+    TTT_CUDA(cu::ClusterSplitProduct(s.ffn_act.get(), static_cast<int>(rows), I, w.down_proj, D, h,
+                                     D, /*accumulate=*/true, stream_));
+  } else {
+    TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
+  }
   return absl::OkStatus();
 }
 

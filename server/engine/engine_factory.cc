@@ -19,7 +19,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
                              .prefill_tokens_per_step = options.prefill_tokens_per_step,
-                             .single_sequence_kernel = options.single_sequence_kernel});
+                             .single_sequence_kernel = options.single_sequence_kernel,
+                             .cluster_split_products = options.cluster_split_products});
   }
 #else
   if (options.backend == "cuda") {

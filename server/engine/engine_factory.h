@@ -19,6 +19,7 @@ struct EngineOptions {
   // CUDA: how a single sequence decodes (see CudaEngineOptions).
   CudaEngineOptions::SingleSequenceKernel single_sequence_kernel =
       CudaEngineOptions::SingleSequenceKernel::kWhereFaster;
+  bool cluster_split_products = false;  // CUDA: see CudaEngineOptions.
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this

@@ -1,8 +1,9 @@
 // The decode products on Hopper's tensor cores against the same arithmetic in double on the host:
-// cu::TensorCoreProduct's sums, and cu::FeedForwardEntry's h after o_proj, the norm's bf16 input
-// and the SwiGLU activation from gate_up scaled by each row's 1/rms. At 125m's shapes, at ragged
-// row counts (rows past the last tile's are not written) and at widths that end inside a tile and
-// inside a 64-wide slice of K. Skips without a GPU that runs sm_90a code.
+// cu::TensorCoreProduct's sums, cu::ClusterSplitProduct's (stored or added), and
+// cu::FeedForwardEntry's h after o_proj, the norm's bf16 input and the SwiGLU activation from
+// gate_up scaled by each row's 1/rms. At 125m's and 1b's shapes, at ragged row counts (rows past
+// the step's are not written) and at widths that end inside a tile and inside a 64-wide slice of
+// K. Skips without a GPU that runs sm_90a code.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -208,6 +209,83 @@ TEST(TensorCoreProductTest, RefusesShapesItCannotTake) {
             cudaErrorInvalidValue);  // in not a multiple of 8.
   EXPECT_EQ(cu::TensorCoreProduct(nullptr, 1, 64, nullptr, 64, y, 63, nullptr),
             cudaErrorInvalidValue);  // ld under out.
+}
+
+struct ClusterShape {
+  int rows, in, out, ld;
+  bool accumulate;
+};
+
+class ClusterSplitProductTest : public ::testing::TestWithParam<ClusterShape> {};
+
+// y (+)= x · wᵀ against double, the columns past `out` and the row past the step's untouched; and
+// a second run from the same y gives the same bits (the partial tiles are summed in a fixed
+// order, whatever the blocks' timing).
+TEST_P(ClusterSplitProductTest, SumsMatchDoubleAndRepeatToTheBit) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  const auto [rows, in, out, ld, accumulate] = GetParam();
+  if (!cu::ClusterSplitProductsAvailable()) GTEST_SKIP() << "this GPU does not run sm_90a code";
+  std::mt19937 rng(static_cast<unsigned>(rows * 7919 + in * 31 + out));
+  const std::vector<bf16> x = RandomBf16(static_cast<size_t>(rows) * in, 1.0f, rng);
+  const std::vector<bf16> w = RandomBf16(static_cast<size_t>(out) * in, 1.0f / std::sqrt(in), rng);
+  // y [rows + 1, ld]: what the product adds to (or sentinels where it stores), and sentinels in
+  // the columns past `out` and the row past the step's.
+  constexpr float kSentinel = 12345.0f;
+  std::vector<float> y_before = RandomFloats(static_cast<size_t>(rows + 1) * ld, 0, 1, rng);
+  for (int r = 0; r <= rows; ++r) {
+    for (int o = 0; o < ld; ++o) {
+      if (!accumulate || r == rows || o >= out)
+        y_before[static_cast<size_t>(r) * ld + o] = kSentinel;
+    }
+  }
+  DeviceArray<bf16> d_x(x), d_w(w);
+  DeviceArray<float> d_y(y_before), d_again(y_before);
+  for (float* y : {d_y.get(), d_again.get()}) {
+    ASSERT_EQ(
+        cu::ClusterSplitProduct(d_x.get(), rows, in, d_w.get(), out, y, ld, accumulate, nullptr),
+        cudaSuccess);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> y = d_y.ToHost(), again = d_again.ToHost();
+  for (int r = 0; r <= rows; ++r) {
+    for (int o = 0; o < ld; ++o) {
+      const size_t at = static_cast<size_t>(r) * ld + o;
+      ASSERT_EQ(again[at], y[at]) << "a second run, row " << r << ", column " << o;
+      if (r == rows || o >= out) {
+        ASSERT_EQ(y[at], kSentinel) << "y past the product, row " << r << ", column " << o;
+        continue;
+      }
+      double magnitude = 0;
+      const double earlier = accumulate ? y_before[at] : 0;
+      const double want = earlier + Dot(&x[static_cast<size_t>(r) * in],
+                                        &w[static_cast<size_t>(o) * in], in, &magnitude);
+      ASSERT_NEAR(y[at], want, 1e-5 * (magnitude + std::abs(earlier)) + 1e-6)
+          << "row " << r << ", column " << o;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ClusterSplitProductTest,
+    ::testing::Values(ClusterShape{256, 2048, 2048, 2048, true},  // 1b's o_proj at batch 256
+                      ClusterShape{256, 5504, 2048, 2048, true},  // and down (K split unevenly).
+                      ClusterShape{200, 136, 260, 268, false},    // Rows and outputs in a tile.
+                      ClusterShape{64, 72, 40, 40, true}),        // K ending inside a slice.
+    [](const ::testing::TestParamInfo<ClusterShape>& info) {
+      return std::to_string(info.param.rows) + "x" + std::to_string(info.param.in) + "x" +
+             std::to_string(info.param.out) + "_ld" + std::to_string(info.param.ld) +
+             (info.param.accumulate ? "_added" : "_stored");
+    });
+
+TEST(ClusterSplitProductTest, RefusesShapesItCannotTake) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  float* y = nullptr;
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 257, 64, nullptr, 64, y, 64, false, nullptr),
+            cudaErrorInvalidValue);  // More rows than a tile.
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 100, nullptr, 64, y, 64, false, nullptr),
+            cudaErrorInvalidValue);  // in not a multiple of 8.
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 64, nullptr, 62, y, 64, false, nullptr),
+            cudaErrorInvalidValue);  // out not a multiple of 4.
 }
 
 TEST(TensorCoreProductsAvailableTest, RefusesWidthsTmaCannotStride) {
