@@ -359,7 +359,8 @@ cudaError_t AllowSharedMemory() {
 }
 
 // The engine's cluster split-K product (cluster_split_product.cuh): tiles of all the rows by
-// kClusterSplitTile outputs, one cluster of K's shares a tile.
+// kClusterSplitTile outputs (128: the width its norm epilogue takes), one cluster of K's shares a
+// tile.
 constexpr int kClusterSplitTile = 128, kClusterMaxSplits = 8;
 constexpr auto kClusterSplitKernel = ClusterSplitKernel<kClusterSplitTile, 1>;
 
@@ -460,11 +461,18 @@ bool ClusterSplitProductsAvailable() {
   return true;
 }
 
+int ClusterSplitSquareTiles(int out) { return (out + kClusterSplitTile - 1) / kClusterSplitTile; }
+
 cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, int out, float* y,
-                                int64_t ld, bool accumulate, cudaStream_t stream) {
+                                int64_t ld, bool accumulate, const ClusterSplitNorm* norm,
+                                cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (rows > kClusterRows || in % 8 != 0 || out % 4 != 0 || ld < out || ld % 4 != 0 ||
       !Aligned16(y)) {
+    return cudaErrorInvalidValue;
+  }
+  if (norm != nullptr && (rows > norm->row_stride || !Aligned16(norm->weight) ||
+                          reinterpret_cast<uintptr_t>(norm->normed) % 8 != 0)) {
     return cudaErrorInvalidValue;
   }
   int device = 0, sms = 0;
@@ -508,7 +516,13 @@ cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, 
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = 2;
-  const ClusterSplitOutput output{.y = y, .ld = ld, .rows = rows, .out = out, .add = accumulate};
+  ClusterSplitOutput output{.y = y, .ld = ld, .rows = rows, .out = out, .add = accumulate};
+  if (norm != nullptr) {
+    output.norm_weight = norm->weight;
+    output.normed = static_cast<bf16*>(norm->normed);
+    output.row_squares = norm->row_squares;
+    output.row_stride = norm->row_stride;
+  }
   return cudaLaunchKernelEx(&config, kClusterSplitKernel, x_map, w_map, in, stages, per_split,
                             output);
 }

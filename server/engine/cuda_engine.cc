@@ -240,8 +240,10 @@ class CudaEngine : public Engine {
   bool TensorCoreProducts(int64_t rows) const {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
-  // Whether a step of `rows` rows takes cu::ClusterSplitProduct for down (and for o_proj where
-  // TensorCoreProducts does not take it): CudaEngineOptions::cluster_split_products.
+  // Whether a step of `rows` rows takes cu::ClusterSplitProduct for down, and where
+  // TensorCoreProducts does not take it, for o_proj with the feed-forward norm folded in (its
+  // input h ⊙ ffn_norm written by o_proj, its 1/rms applied in the SwiGLU kernel):
+  // CudaEngineOptions::cluster_split_products.
   bool ClusterSplitProducts(int64_t rows) const {
     return cluster_split_products_ && rows >= 64 && rows <= 256;
   }
@@ -677,8 +679,10 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
-  if (tensor_core_products_) {
-    TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * cu::FeedForwardEntry::SquareTiles(D) * f4));
+  if (tensor_core_products_ || cluster_split_products_) {
+    const int square_tiles = std::max(cu::FeedForwardEntry::SquareTiles(D),
+                                      cluster_split_products_ ? cu::ClusterSplitSquareTiles(D) : 0);
+    TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * square_tiles * f4));
   }
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
   TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
@@ -1300,15 +1304,31 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                      .row_stride = static_cast<int>(s.room.rows),
                                      .activation = s.ffn_act.get()};
     TTT_CUDA(entry.Run(static_cast<int>(rows), stream_));
+  } else if (ClusterSplitProducts(rows)) {
+    // o_proj, which also writes the feed-forward norm's input h ⊙ ffn_norm and each row's sums of
+    // squares; gate_up on cuBLASLt; the norm's 1/rms applied to its sums in the SwiGLU kernel.
+    TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
+    const int row_stride = static_cast<int>(s.room.rows);
+    const cu::ClusterSplitNorm norm{.weight = w.ffn_norm,
+                                    .normed = s.x.get(),
+                                    .row_squares = s.row_squares.get<float>(),
+                                    .row_stride = row_stride};
+    TTT_CUDA(cu::ClusterSplitProduct(s.y_gemm.get(), static_cast<int>(rows), D, w.o_proj, D, h, D,
+                                     /*accumulate=*/true, &norm, stream_));
+    void* gate_up = s.ffn.get();
+    const cu::ElementType sums = GateUpSums(rows, s.x.get(), D, w.gate_up, 2 * I);
+    TTT_RETURN_IF_ERROR(
+        Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, gate_up, /*accumulate=*/false, sums));
+    const cu::RowRms rms{.row_squares = norm.row_squares,
+                         .tiles = cu::ClusterSplitSquareTiles(D),
+                         .row_stride = row_stride,
+                         .D = D,
+                         .eps = rms_eps};
+    TTT_CUDA(cu::SwiGluOverRms(gate_up, sums, static_cast<int>(rows), I, rms, s.ffn_act.get(),
+                               gemm_type(), stream_));
   } else {
-    if (ClusterSplitProducts(rows)) {
-      TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
-      TTT_CUDA(cu::ClusterSplitProduct(s.y_gemm.get(), static_cast<int>(rows), D, w.o_proj, D, h, D,
-                                       /*accumulate=*/true, stream_));
-    } else {
-      TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate,
-                                  h, s.y_gemm.get()));
-    }
+    TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
+                                s.y_gemm.get()));
     // SwiGLU feed-forward.
     const cu::ProductInput ffn_norm{.kind = cu::ProductInput::Kind::kRmsNorm,
                                     .source = h,
@@ -1319,7 +1339,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   }
   if (ClusterSplitProducts(rows)) {
     TTT_CUDA(cu::ClusterSplitProduct(s.ffn_act.get(), static_cast<int>(rows), I, w.down_proj, D, h,
-                                     D, /*accumulate=*/true, stream_));
+                                     D, /*accumulate=*/true, /*norm=*/nullptr, stream_));
   } else {
     TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   }

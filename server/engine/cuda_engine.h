@@ -37,9 +37,9 @@ struct CudaEngineOptions {
   SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kWhereFaster;
   // bf16 steps of 64-256 rows can take down, and o_proj where cuBLASLt's products run (models
   // wider than the engine's own fused feed-forward entry takes), on cu::ClusterSplitProduct: tiles
-  // of all the rows, K split within a cluster. Off by default: an experiment, to be timed against
-  // cuBLASLt's products in the engine (bench/README.md). Creation fails where the GPU cannot run
-  // it.
+  // of all the rows, K split within a cluster, o_proj also making the feed-forward norm's input
+  // (no RMSNorm kernel). Off by default: an experiment, to be timed against cuBLASLt's products
+  // in the engine (bench/README.md). Creation fails where the GPU cannot run it.
   bool cluster_split_products = false;
 };
 

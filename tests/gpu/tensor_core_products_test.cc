@@ -241,9 +241,9 @@ TEST_P(ClusterSplitProductTest, SumsMatchDoubleAndRepeatToTheBit) {
   DeviceArray<bf16> d_x(x), d_w(w);
   DeviceArray<float> d_y(y_before), d_again(y_before);
   for (float* y : {d_y.get(), d_again.get()}) {
-    ASSERT_EQ(
-        cu::ClusterSplitProduct(d_x.get(), rows, in, d_w.get(), out, y, ld, accumulate, nullptr),
-        cudaSuccess);
+    ASSERT_EQ(cu::ClusterSplitProduct(d_x.get(), rows, in, d_w.get(), out, y, ld, accumulate,
+                                      /*norm=*/nullptr, nullptr),
+              cudaSuccess);
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> y = d_y.ToHost(), again = d_again.ToHost();
@@ -277,14 +277,89 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.accumulate ? "_added" : "_stored");
     });
 
+// o_proj with the feed-forward norm folded in: h += x · wᵀ, normed = h ⊙ weight in bf16 and each
+// row's sums of squares of h by 128-column tiles, against double; then SwiGluOverRms on gate_up
+// sums made up for the test, scaled by the rms those sums of squares give. 1b's o_proj at batch
+// 256, and a ragged step whose last tile is half full.
+TEST(ClusterSplitProductTest, OutputProjectionMakesTheNormsInput) {
+  if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  if (!cu::ClusterSplitProductsAvailable()) GTEST_SKIP() << "this GPU does not run sm_90a code";
+  for (const auto& [rows, D] : {std::pair{256, 2048}, std::pair{72, 1088}}) {
+    constexpr float kEps = 1e-5f;
+    const int row_stride = rows + 3, tiles = cu::ClusterSplitSquareTiles(D);
+    std::mt19937 rng(static_cast<unsigned>(rows * 13 + D));
+    const std::vector<bf16> x = RandomBf16(static_cast<size_t>(rows) * D, 1.0f, rng);
+    const std::vector<bf16> w = RandomBf16(static_cast<size_t>(D) * D, 1.0f / std::sqrt(D), rng);
+    const std::vector<float> weight = RandomFloats(D, 1.0f, 0.2f, rng);
+    const std::vector<float> h_before = RandomFloats(static_cast<size_t>(rows) * D, 0, 1, rng);
+    DeviceArray<bf16> d_x(x), d_w(w), d_normed(std::vector<bf16>(static_cast<size_t>(rows) * D));
+    DeviceArray<float> d_weight(weight), d_h(h_before),
+        d_squares(std::vector<float>(static_cast<size_t>(tiles) * row_stride));
+    const cu::ClusterSplitNorm norm{.weight = d_weight.get(),
+                                    .normed = d_normed.get(),
+                                    .row_squares = d_squares.get(),
+                                    .row_stride = row_stride};
+    ASSERT_EQ(cu::ClusterSplitProduct(d_x.get(), rows, D, d_w.get(), D, d_h.get(), D,
+                                      /*accumulate=*/true, &norm, nullptr),
+              cudaSuccess);
+    // gate_up's sums for I = 12 channels, and SwiGluOverRms of them.
+    constexpr int I = 12;
+    const std::vector<float> sums = RandomFloats(static_cast<size_t>(rows) * 2 * I, 0, 30, rng);
+    DeviceArray<float> d_sums(sums),
+        d_activation(std::vector<float>(static_cast<size_t>(rows) * I));
+    const cu::RowRms rms{.row_squares = d_squares.get(),
+                         .tiles = tiles,
+                         .row_stride = row_stride,
+                         .D = D,
+                         .eps = kEps};
+    ASSERT_EQ(cu::SwiGluOverRms(d_sums.get(), cu::ElementType::kFloat32, rows, I, rms,
+                                d_activation.get(), cu::ElementType::kFloat32, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> h = d_h.ToHost(), squares = d_squares.ToHost(),
+                             activation = d_activation.ToHost();
+    const std::vector<bf16> normed = d_normed.ToHost();
+    for (int r = 0; r < rows; ++r) {
+      std::vector<double> tile_squares(tiles, 0.0);
+      for (int o = 0; o < D; ++o) {
+        const size_t at = static_cast<size_t>(r) * D + o;
+        double magnitude = 0;
+        const double want = h_before[at] + Dot(&x[static_cast<size_t>(r) * D],
+                                               &w[static_cast<size_t>(o) * D], D, &magnitude);
+        ASSERT_NEAR(h[at], want, 1e-5 * (magnitude + std::abs(h_before[at])) + 1e-6)
+            << "h, " << D << " wide, row " << r << ", column " << o;
+        const double normed_want = want * weight[o];
+        ASSERT_NEAR(__bfloat162float(normed[at]), normed_want, std::abs(normed_want) / 200 + 1e-6)
+            << "normed, " << D << " wide, row " << r << ", column " << o;
+        tile_squares[o / 128] += want * want;
+      }
+      double row_squares = 0;
+      for (int t = 0; t < tiles; ++t) {
+        const float got = squares[static_cast<size_t>(t) * row_stride + r];
+        ASSERT_NEAR(got, tile_squares[t], 1e-4 * tile_squares[t])
+            << "squares, " << D << " wide, row " << r << ", tile " << t;
+        row_squares += tile_squares[t];
+      }
+      const double inv_rms = 1.0 / std::sqrt(row_squares / D + kEps);
+      for (int j = 0; j < I; ++j) {
+        const double g = inv_rms * sums[static_cast<size_t>(r) * 2 * I + 2 * j];
+        const double u = inv_rms * sums[static_cast<size_t>(r) * 2 * I + 2 * j + 1];
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        ASSERT_NEAR(activation[static_cast<size_t>(r) * I + j], want, 1e-4 * std::abs(want) + 1e-6)
+            << "activation, " << D << " wide, row " << r << ", channel " << j;
+      }
+    }
+  }
+}
+
 TEST(ClusterSplitProductTest, RefusesShapesItCannotTake) {
   if (cu::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
   float* y = nullptr;
-  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 257, 64, nullptr, 64, y, 64, false, nullptr),
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 257, 64, nullptr, 64, y, 64, false, nullptr, nullptr),
             cudaErrorInvalidValue);  // More rows than a tile.
-  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 100, nullptr, 64, y, 64, false, nullptr),
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 100, nullptr, 64, y, 64, false, nullptr, nullptr),
             cudaErrorInvalidValue);  // in not a multiple of 8.
-  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 64, nullptr, 62, y, 64, false, nullptr),
+  EXPECT_EQ(cu::ClusterSplitProduct(nullptr, 8, 64, nullptr, 62, y, 64, false, nullptr, nullptr),
             cudaErrorInvalidValue);  // out not a multiple of 4.
 }
 
