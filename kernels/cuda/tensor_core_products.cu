@@ -16,6 +16,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cuda/ptx>
 
 #include "kernels/cuda/cluster_split_product.cuh"
@@ -364,6 +365,21 @@ cudaError_t AllowSharedMemory() {
 constexpr int kClusterSplitTile = 128, kClusterMaxSplits = 8;
 constexpr auto kClusterSplitKernel = ClusterSplitKernel<kClusterSplitTile, 1>;
 
+// How many clusters of 1, 2, 4 and 8 blocks (index log2) each device holds at once, as the
+// driver says for the kernel at its largest shared memory (ClusterSplitProductsAvailable asks):
+// a product's splits are chosen so that all its clusters run at once. 0: not asked yet.
+constexpr int kMaxDevices = 16;
+std::atomic<int> resident_clusters[kMaxDevices][4];
+
+constexpr int Log2(int splits) { return splits <= 1 ? 0 : 1 + Log2(splits / 2); }
+
+int ResidentClusters(int device, int splits, int sms) {
+  const int known = device < kMaxDevices
+                        ? resident_clusters[device][Log2(splits)].load(std::memory_order_relaxed)
+                        : 0;
+  return known > 0 ? known : sms / splits;
+}
+
 // Its slices in flight: all of a block's share of K where they fit.
 int ClusterSplitStages(int slices_per_split) {
   constexpr size_t kStageBytes = sizeof(bf16) * (kClusterRows + kClusterSplitTile) * kSliceIn;
@@ -452,11 +468,36 @@ cudaError_t FeedForwardEntry::Run(int rows, cudaStream_t stream) const {
 bool ClusterSplitProductsAvailable() {
   if (TensorMapEncoder() == nullptr) return false;
   // Loads the sm_90a image (an error on any other GPU) and lets the kernel have its stages.
+  const size_t shared_bytes =
+      ClusterSplitSharedBytes<kClusterSplitTile>(ClusterSplitStages(kClusterMaxStages));
   if (cudaFuncSetAttribute(kClusterSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(ClusterSplitSharedBytes<kClusterSplitTile>(
-                               ClusterSplitStages(kClusterMaxStages)))) != cudaSuccess) {
+                           static_cast<int>(shared_bytes)) != cudaSuccess) {
     cudaGetLastError();
     return false;
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  for (int splits = 1; splits <= kClusterMaxSplits && device < kMaxDevices; splits *= 2) {
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = 1;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = static_cast<unsigned>(splits);
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, 1, splits);
+    config.blockDim = kClusterThreads;
+    config.dynamicSmemBytes = shared_bytes;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kClusterSplitKernel, &config) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    resident_clusters[device][Log2(splits)].store(clusters, std::memory_order_relaxed);
   }
   return true;
 }
@@ -481,12 +522,13 @@ cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, 
       error != cudaSuccess) {
     return error;
   }
-  // As many shares of K as keep the blocks within one wave and give each at least a slice.
+  // As many shares of K as keep the clusters (a tile each) within one wave and give each block
+  // at least a slice.
   const int tiles = (out + kClusterSplitTile - 1) / kClusterSplitTile;
   const int slices = (in + kSliceIn - 1) / kSliceIn;
   int splits = kClusterMaxSplits;
-  while (splits > 1 &&
-         (tiles * splits > sms || (splits - 1) * ((slices + splits - 1) / splits) >= slices)) {
+  while (splits > 1 && (tiles > ResidentClusters(device, splits, sms) ||
+                        (splits - 1) * ((slices + splits - 1) / splits) >= slices)) {
     splits /= 2;
   }
   const int per_split = (slices + splits - 1) / splits;
