@@ -69,6 +69,7 @@ using ttt::kernels::cuda::kClusterThreads;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::MultiplySlices;
+using ttt::kernels::cuda::ProduceSlices;
 using ttt::kernels::cuda::Swish;
 using ttt::kernels::cuda::SyncCluster;
 using ttt::kernels::cuda::WaitForPhase;
@@ -185,23 +186,7 @@ __global__ void __launch_bounds__(128 * kConsumers + 32)
                                         x_tiles + (t % stages) * kXElements, &x_map, at,
                                         &full[t % stages]);
       };
-      const int early = min(tiles, stages);
-      for (int t = 0; t < early; ++t) {
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                             cuda::ptx::space_shared, &full[t], kStageBytes);
-        load_w(t);
-      }
-      WaitForPreviousKernel();
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % stages;
-        if (t >= stages) {
-          WaitForPhase(&empty[s], (t / stages + 1) % 2);
-          cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                               cuda::ptx::space_shared, &full[s], kStageBytes);
-          load_w(t);
-        }
-        load_x(t);
-      }
+      ProduceSlices(full, empty, stages, tiles, kStageBytes, load_w, load_x);
     }
     if constexpr (kCluster > 1) {
       if (lane == 0) {

@@ -131,23 +131,7 @@ __global__ void __launch_bounds__(kClusterThreads)
                                   &full[t % stages]);
       }
     };
-    const int early = min(tiles, stages);
-    for (int t = 0; t < early; ++t) {
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[t],
-                                     kStageBytes);
-      load_w(t);
-    }
-    WaitForPreviousKernel();
-    for (int t = 0; t < tiles; ++t) {
-      const int s = t % stages;
-      if (t >= stages) {
-        WaitForPhase(&empty[s], (t / stages + 1) % 2);
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                       &full[s], kStageBytes);
-        load_w(t);
-      }
-      load_x(t);
-    }
+    ProduceSlices(full, empty, stages, tiles, kStageBytes, load_w, load_x);
   }
 
   // The block's partial tile, [kClusterRows][kPartialStride] floats over the stages once every

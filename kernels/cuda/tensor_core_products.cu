@@ -226,25 +226,10 @@ __global__ void __launch_bounds__(kThreads)
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
                                 tiles_base + (t % stages) * elements, map, at, &full[t % stages]);
     };
-    // Weights are never a kernel's output: the first slices come before the previous kernel
-    // (which makes x) has ended.
-    const int early = min(tiles, stages);
-    for (int t = 0; t < early; ++t) {
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[t],
-                                     kStageBytes);
-      load(&w_map, t, w_tiles, kWElements, out0);
-    }
-    WaitForPreviousKernel();
-    for (int t = 0; t < tiles; ++t) {
-      const int s = t % stages;
-      if (t >= stages) {
-        WaitForPhase(&empty[s], (t / stages + 1) % 2);
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared,
-                                       &full[s], kStageBytes);
-        load(&w_map, t, w_tiles, kWElements, out0);
-      }
-      load(&x_map, t, x_tiles, kXElements, row0);
-    }
+    ProduceSlices(
+        full, empty, stages, tiles, kStageBytes,
+        [&](int t) { load(&w_map, t, w_tiles, kWElements, out0); },
+        [&](int t) { load(&x_map, t, x_tiles, kXElements, row0); });
     return;
   }
 

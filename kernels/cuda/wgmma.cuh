@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cuda/ptx>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 
 namespace ttt::kernels::cuda {
@@ -158,6 +159,35 @@ __device__ __forceinline__ void MultiplySlices(float* d, uint64_t* full, int sta
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) {
     asm volatile("" : "+f"(d[i])::"memory");  // Final only now: no read may move above the wait.
+  }
+}
+
+// A producer's pass over K: slice t of w (load_w(t)) and of x (load_x(t)) into stage t % stages,
+// whose `full` barrier then expects stage_bytes; a stage is refilled once its `empty` barrier has
+// completed the phase of its previous slice. The first `stages` slices of w are asked for before
+// the wait for the previous kernel: weights are never a kernel's output, so they stream in beside
+// the kernel that makes x.
+template <typename LoadW, typename LoadX>
+__device__ __forceinline__ void ProduceSlices(uint64_t* full, uint64_t* empty, int stages,
+                                              int slices, uint32_t stage_bytes, LoadW load_w,
+                                              LoadX load_x) {
+  namespace ptx = ::cuda::ptx;
+  const int early = min(slices, stages);
+  for (int t = 0; t < early; ++t) {
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[t],
+                                   stage_bytes);
+    load_w(t);
+  }
+  WaitForPreviousKernel();
+  for (int t = 0; t < slices; ++t) {
+    const int s = t % stages;
+    if (t >= stages) {
+      WaitForPhase(&empty[s], (t / stages + 1) % 2);
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &full[s],
+                                     stage_bytes);
+      load_w(t);
+    }
+    load_x(t);
   }
 }
 
