@@ -20,7 +20,7 @@ def how_stepped(result):
     """The ttt-bench flags that change what a step is or how it runs, as read after the offset."""
     how = ""
     if result.get("cluster_split_products"):
-        how += ", cluster split products"
+        how += f", cluster split {result['cluster_split_products']}"
     if result.get("staggered"):
         how += ", staggered"
     if result.get("joining"):

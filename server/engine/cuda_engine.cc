@@ -240,12 +240,16 @@ class CudaEngine : public Engine {
   bool TensorCoreProducts(int64_t rows) const {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
-  // Whether a step of `rows` rows takes cu::ClusterSplitProduct for down, and where
-  // TensorCoreProducts does not take it, for o_proj with the feed-forward norm folded in (its
-  // input h ⊙ ffn_norm written by o_proj, its 1/rms applied in the SwiGLU kernel):
-  // CudaEngineOptions::cluster_split_products.
-  bool ClusterSplitProducts(int64_t rows) const {
-    return cluster_split_products_ && rows >= 64 && rows <= 256;
+  // Which products a step of `rows` rows takes on cu::ClusterSplitProduct, as
+  // CudaEngineOptions::cluster_split_products asks: down, and where TensorCoreProducts does not
+  // take them, in_proj and o_proj with the feed-forward norm folded in (its input h ⊙ ffn_norm
+  // written by o_proj, its 1/rms applied in the SwiGLU kernel).
+  CudaEngineOptions::ClusterSplitProducts ClusterSplitStep(int64_t rows) const {
+    if (rows < 64 || rows > 256) return {};
+    const bool cublaslt_products = !TensorCoreProducts(rows);
+    return {.in_proj = cluster_split_.in_proj && cublaslt_products,
+            .o_proj = cluster_split_.o_proj && cublaslt_products,
+            .down = cluster_split_.down};
   }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), and so was the entry with 1b's tiles (v43, v44), so wider models keep cuBLASLt's.
@@ -325,7 +329,7 @@ class CudaEngine : public Engine {
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
-  bool cluster_split_products_ = false;  // Asked for, and the GPU runs them.
+  CudaEngineOptions::ClusterSplitProducts cluster_split_;  // Asked for, and the GPU runs them.
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
@@ -376,14 +380,14 @@ absl::Status CudaEngine::Initialize() {
   tensor_core_products_ = options_.precision == WeightPrecision::kBFloat16 &&
                           c.hidden_size <= kTensorCoreProductsMaxWidth &&
                           cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
-  if (options_.cluster_split_products) {
+  if (options_.cluster_split_products.any()) {
     if (options_.precision != WeightPrecision::kBFloat16 || c.hidden_size % 8 != 0 ||
         c.intermediate_size % 8 != 0 || !cu::ClusterSplitProductsAvailable()) {
       return absl::FailedPreconditionError(
           "cluster_split_products: takes bf16 weights, widths that are multiples of 8 and a GPU "
           "that runs sm_90a code");
     }
-    cluster_split_products_ = true;
+    cluster_split_ = options_.cluster_split_products;
   }
 
   w1_split_ =
@@ -679,9 +683,9 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
-  if (tensor_core_products_ || cluster_split_products_) {
+  if (tensor_core_products_ || cluster_split_.o_proj) {
     const int square_tiles = std::max(cu::FeedForwardEntry::SquareTiles(D),
-                                      cluster_split_products_ ? cu::ClusterSplitSquareTiles(D) : 0);
+                                      cluster_split_.o_proj ? cu::ClusterSplitSquareTiles(D) : 0);
     TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * square_tiles * f4));
   }
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
@@ -1227,7 +1231,12 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
-  if (TensorCoreProducts(rows)) {
+  const CudaEngineOptions::ClusterSplitProducts cluster_split = ClusterSplitStep(rows);
+  if (cluster_split.in_proj) {
+    TTT_CUDA(cu::ClusterSplitProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
+                                     static_cast<int>(columns_.ld), proj, columns_.ld,
+                                     /*accumulate=*/false, /*norm=*/nullptr, stream_));
+  } else if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
   } else {
@@ -1304,7 +1313,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                      .row_stride = static_cast<int>(s.room.rows),
                                      .activation = s.ffn_act.get()};
     TTT_CUDA(entry.Run(static_cast<int>(rows), stream_));
-  } else if (ClusterSplitProducts(rows)) {
+  } else if (cluster_split.o_proj) {
     // o_proj, which also writes the feed-forward norm's input h ⊙ ffn_norm and each row's sums of
     // squares; gate_up on cuBLASLt; the norm's 1/rms applied to its sums in the SwiGLU kernel.
     TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
@@ -1337,7 +1346,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
                                 s.ffn_act.get(), s.x.get()));
   }
-  if (ClusterSplitProducts(rows)) {
+  if (cluster_split.down) {
     TTT_CUDA(cu::ClusterSplitProduct(s.ffn_act.get(), static_cast<int>(rows), I, w.down_proj, D, h,
                                      D, /*accumulate=*/true, /*norm=*/nullptr, stream_));
   } else {

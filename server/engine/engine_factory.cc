@@ -1,6 +1,7 @@
 #include "server/engine/engine_factory.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "server/engine/cpu_engine.h"
 #include "server/util/absl_string_view.h"
 
@@ -46,6 +47,24 @@ absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKerne
   if (text == "off") return Choice::kOff;
   return absl::InvalidArgumentError(
       absl::StrCat("single_sequence_kernel: '", AbslView(text), "' is not auto, on or off"));
+}
+
+absl::StatusOr<CudaEngineOptions::ClusterSplitProducts> ParseClusterSplitProducts(
+    std::string_view text) {
+  CudaEngineOptions::ClusterSplitProducts products;
+  if (text == "all") return CudaEngineOptions::ClusterSplitProducts{true, true, true};
+  for (const absl::string_view name : absl::StrSplit(AbslView(text), ',', absl::SkipEmpty())) {
+    bool* product = name == "in_proj"  ? &products.in_proj
+                    : name == "o_proj" ? &products.o_proj
+                    : name == "down"   ? &products.down
+                                       : nullptr;
+    if (product == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cluster_split_products: '", name, "' is not in_proj, o_proj, down or all"));
+    }
+    *product = true;
+  }
+  return products;
 }
 
 }  // namespace ttt

@@ -19,7 +19,8 @@ struct EngineOptions {
   // CUDA: how a single sequence decodes (see CudaEngineOptions).
   CudaEngineOptions::SingleSequenceKernel single_sequence_kernel =
       CudaEngineOptions::SingleSequenceKernel::kWhereFaster;
-  bool cluster_split_products = false;  // CUDA: see CudaEngineOptions.
+  // CUDA: which products run on the cluster split-K kernel (see CudaEngineOptions).
+  CudaEngineOptions::ClusterSplitProducts cluster_split_products;
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this
@@ -33,6 +34,10 @@ absl::StatusOr<WeightPrecision> ParseWeightPrecision(std::string_view text);
 // Parses "auto" (the engine times both paths), "on" (the one kernel where the model fits it) and
 // "off".
 absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKernel(
+    std::string_view text);
+
+// Parses a comma-separated list of in_proj, o_proj and down, "all" (the three) or "" (none).
+absl::StatusOr<CudaEngineOptions::ClusterSplitProducts> ParseClusterSplitProducts(
     std::string_view text);
 
 }  // namespace ttt
