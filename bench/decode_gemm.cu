@@ -45,11 +45,11 @@
 #include <utility>
 #include <vector>
 
+#include "bench/cluster_split_product.cuh"
 #include "bench/cublaslt_plan.h"
 #include "bench/cuda_check.h"
 #include "bench/event_timer.h"
 #include "bench/product_inputs.h"
-#include "kernels/cuda/cluster_split_product.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"

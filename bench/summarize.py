@@ -17,10 +17,8 @@ import statistics
 
 
 def how_stepped(result):
-    """The ttt-bench flags that change what a step is or how it runs, as read after the offset."""
+    """The ttt-bench flags that change what a step is, as they read after the offset."""
     how = ""
-    if result.get("cluster_split_products"):
-        how += f", cluster split {result['cluster_split_products']}"
     if result.get("staggered"):
         how += ", staggered"
     if result.get("joining"):

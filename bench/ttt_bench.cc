@@ -88,10 +88,6 @@ ABSL_FLAG(std::string, single_sequence_kernel, "auto",
           "CUDA: decode batch 1 with every layer in one kernel: auto (whichever the engine times "
           "faster at start), on (wherever the model fits it) or off.");
 
-ABSL_FLAG(std::string, cluster_split_products, "",
-          "CUDA: which products run on the cluster split-K kernel, of in_proj, o_proj and down "
-          "(comma-separated, or all; an experiment: see CudaEngineOptions).");
-
 namespace ttt {
 namespace {
 
@@ -165,12 +161,9 @@ absl::Status Run() {
                        ParseWeightPrecision(absl::GetFlag(FLAGS_precision)));
   TTT_ASSIGN_OR_RETURN(const CudaEngineOptions::SingleSequenceKernel single_sequence_kernel,
                        ParseSingleSequenceKernel(absl::GetFlag(FLAGS_single_sequence_kernel)));
-  TTT_ASSIGN_OR_RETURN(const CudaEngineOptions::ClusterSplitProducts cluster_split_products,
-                       ParseClusterSplitProducts(absl::GetFlag(FLAGS_cluster_split_products)));
   const EngineOptions engine_options{.backend = absl::GetFlag(FLAGS_backend),
                                      .precision = precision,
-                                     .single_sequence_kernel = single_sequence_kernel,
-                                     .cluster_split_products = cluster_split_products};
+                                     .single_sequence_kernel = single_sequence_kernel};
   const ModelConfig& c = model->config;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
@@ -355,9 +348,6 @@ absl::Status Run() {
     if (prompt_tokens > 0) {
       result["prefill_tokens_per_s"] = prompt_tokens / prefill_seconds;
       result["first_prefill_tokens_per_s"] = prompt_tokens / first_prefill_seconds;
-    }
-    if (cluster_split_products.any()) {
-      result["cluster_split_products"] = absl::GetFlag(FLAGS_cluster_split_products);
     }
     if (batch == 1 && !engine.single_sequence_decode().empty()) {
       result["single_sequence_decode"] = engine.single_sequence_decode();

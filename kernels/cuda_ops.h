@@ -162,18 +162,6 @@ cudaError_t PostNormGate(const float* x, int rows, int D, const float* weight, c
 cudaError_t SwiGlu(const void* gate_up, ElementType in_type, int rows, int I, void* out,
                    ElementType out_type, cudaStream_t stream);
 
-// SwiGlu of gate_up's sums divided by each row's rms, sqrt(Σ_t row_squares[t · row_stride + row] /
-// D + eps): the RMSNorm before gate_up, applied to its sums (its input was h ⊙ the norm's weight).
-// The sums of squares are read before the wait for the previous kernel: they must come from the
-// kernel before that one or earlier. Takes I a multiple of 4.
-struct RowRms {
-  const float* row_squares;
-  int tiles, row_stride, D;
-  float eps;
-};
-cudaError_t SwiGluOverRms(const void* gate_up, ElementType in_type, int rows, int I,
-                          const RowRms& rms, void* out, ElementType out_type, cudaStream_t stream);
-
 // out[i, :] = x[rows[i], :].
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,
                        cudaStream_t stream);
@@ -269,30 +257,6 @@ struct FeedForwardEntry {
   cudaError_t Run(int rows, cudaStream_t stream) const;
 };
 bool TensorCoreProductsAvailable(int D, int I);
-
-// y [rows, out] (rows ld floats apart) = x · wᵀ, or += with `accumulate`, for x bf16 [rows, in]
-// and w bf16 [out, in], rows ≤ 256, on a GPU that runs sm_90a code, which
-// ClusterSplitProductsAvailable tells (and readies the kernel: call it once first). Each block
-// takes all the rows of 128 outputs over a share of K, and the blocks that share one tile's K sum
-// their partial tiles in a fixed order: the same bits whatever the timing (see
-// kernels/cuda/cluster_split_product.cuh). Takes in a multiple of 8, out and ld multiples of 4,
-// ld ≥ out, y 16-byte aligned.
-//
-// With `norm`, o_proj's product also makes what the feed-forward's RMSNorm needs, as
-// FeedForwardEntry's does: normed = y ⊙ weight in bf16 (rows ld apart; 8-byte aligned, weight
-// 16-byte aligned), and row_squares [ClusterSplitSquareTiles(out), row_stride] each row's sum of
-// squares of y by tiles of columns, for SwiGluOverRms after gate_up.
-struct ClusterSplitNorm {
-  const float* weight;
-  void* normed;
-  float* row_squares;
-  int row_stride;  // At least the step's rows.
-};
-cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, int out, float* y,
-                                int64_t ld, bool accumulate, const ClusterSplitNorm* norm,
-                                cudaStream_t stream);
-int ClusterSplitSquareTiles(int out);
-bool ClusterSplitProductsAvailable();
 
 // A decode step's layers for one sequence (batch 1) in one persistent kernel (see
 // sequence_step.cu): from the embedded row in h to the last layer's output row in h, with the

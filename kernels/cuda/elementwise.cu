@@ -62,28 +62,16 @@ __device__ __forceinline__ void LoadFourPairs(const __nv_bfloat16* gate_up, int6
 }
 
 // Four outputs a thread when n % 4 == 0 (every known model): a quarter of the threads and
-// instructions for the same bytes. With kOverRms (I % 4 == 0, so the four are of one row), the
-// sums are first divided by their row's rms (SwiGluOverRms).
-template <typename In, bool kOverRms>
-__global__ void SwiGluBy4Kernel(const In* gate_up, int64_t n4, int I, RowRms rms, void* out,
-                                ElementType out_type) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  float inv_rms = 1;
-  if constexpr (kOverRms) {
-    const int row = i < n4 ? static_cast<int>(4 * i / I) : 0;
-    float squares = 0;  // Written two kernels back: ended before this one started.
-    for (int t = 0; t < rms.tiles; ++t) squares += rms.row_squares[t * rms.row_stride + row];
-    inv_rms = rsqrtf(squares / rms.D + rms.eps);
-  }
+// instructions for the same bytes.
+template <typename In>
+__global__ void SwiGluBy4Kernel(const In* gate_up, int64_t n4, void* out, ElementType out_type) {
   WaitForPreviousKernel();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   float v[8];
   LoadFourPairs(gate_up, i, v);
-  if constexpr (kOverRms) {
-    for (float& e : v) e *= inv_rms;
-  }
-  const float4 y =
-      make_float4(Swish(v[0], v[1]), Swish(v[2], v[3]), Swish(v[4], v[5]), Swish(v[6], v[7]));
+  const float4 y = make_float4(Swish(v[0], v[1]), Swish(v[2], v[3]), Swish(v[4], v[5]),
+                               Swish(v[6], v[7]));
   if (out_type == ElementType::kBFloat16) {
     __nv_bfloat162* pairs = static_cast<__nv_bfloat162*>(out) + 2 * i;
     pairs[0] = __floats2bfloat162_rn(y.x, y.y);
@@ -124,24 +112,11 @@ cudaError_t SwiGlu(const void* gate_up, ElementType in_type, int rows, int I, vo
                   out_type);
   }
   if (in_type == ElementType::kBFloat16) {
-    return Launch(SwiGluBy4Kernel<__nv_bfloat16, false>, Blocks(n / 4), kThreads, 0, stream,
-                  static_cast<const __nv_bfloat16*>(gate_up), n / 4, I, RowRms{}, out, out_type);
+    return Launch(SwiGluBy4Kernel<__nv_bfloat16>, Blocks(n / 4), kThreads, 0, stream,
+                  static_cast<const __nv_bfloat16*>(gate_up), n / 4, out, out_type);
   }
-  return Launch(SwiGluBy4Kernel<float, false>, Blocks(n / 4), kThreads, 0, stream,
-                static_cast<const float*>(gate_up), n / 4, I, RowRms{}, out, out_type);
-}
-
-cudaError_t SwiGluOverRms(const void* gate_up, ElementType in_type, int rows, int I,
-                          const RowRms& rms, void* out, ElementType out_type, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(rows) * I;
-  if (n == 0) return cudaSuccess;
-  if (I % 4 != 0 || rows > rms.row_stride) return cudaErrorInvalidValue;
-  if (in_type == ElementType::kBFloat16) {
-    return Launch(SwiGluBy4Kernel<__nv_bfloat16, true>, Blocks(n / 4), kThreads, 0, stream,
-                  static_cast<const __nv_bfloat16*>(gate_up), n / 4, I, rms, out, out_type);
-  }
-  return Launch(SwiGluBy4Kernel<float, true>, Blocks(n / 4), kThreads, 0, stream,
-                static_cast<const float*>(gate_up), n / 4, I, rms, out, out_type);
+  return Launch(SwiGluBy4Kernel<float>, Blocks(n / 4), kThreads, 0, stream,
+                static_cast<const float*>(gate_up), n / 4, out, out_type);
 }
 
 cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float* out,

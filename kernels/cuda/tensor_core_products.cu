@@ -16,10 +16,8 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cuda/ptx>
 
-#include "kernels/cuda/cluster_split_product.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -344,34 +342,6 @@ cudaError_t AllowSharedMemory() {
                               static_cast<int>(SharedBytes<kN>(Stages<kN>(kWidestK))));
 }
 
-// The engine's cluster split-K product (cluster_split_product.cuh): tiles of all the rows by
-// kClusterSplitTile outputs (128: the width its norm epilogue takes), one cluster of K's shares a
-// tile.
-constexpr int kClusterSplitTile = 128, kClusterMaxSplits = 8;
-constexpr auto kClusterSplitKernel = ClusterSplitKernel<kClusterSplitTile, 1>;
-
-// How many clusters of 1, 2, 4 and 8 blocks (index log2) each device holds at once, as the
-// driver says for the kernel at its largest shared memory (ClusterSplitProductsAvailable asks):
-// a product's splits are chosen so that all its clusters run at once. 0: not asked yet.
-constexpr int kMaxDevices = 16;
-std::atomic<int> resident_clusters[kMaxDevices][4];
-
-constexpr int Log2(int splits) { return splits <= 1 ? 0 : 1 + Log2(splits / 2); }
-
-int ResidentClusters(int device, int splits, int sms) {
-  const int known = device < kMaxDevices
-                        ? resident_clusters[device][Log2(splits)].load(std::memory_order_relaxed)
-                        : 0;
-  return known > 0 ? known : sms / splits;
-}
-
-// Its slices in flight: all of a block's share of K where they fit.
-int ClusterSplitStages(int slices_per_split) {
-  constexpr size_t kStageBytes = sizeof(bf16) * (kClusterRows + kClusterSplitTile) * kSliceIn;
-  return std::min<int>(
-      {kClusterMaxStages, slices_per_split, static_cast<int>(kSharedLimit / kStageBytes)});
-}
-
 }  // namespace
 
 cudaError_t SwizzledTileMap(const bf16* matrix, int rows, int in, int box_rows, int slices,
@@ -448,110 +418,6 @@ cudaError_t FeedForwardEntry::Run(int rows, cudaStream_t stream) const {
   return LaunchProduct<kGateUpTile, Epilogue::kGateUpSwiGlu>(static_cast<const bf16*>(normed), rows,
                                                              D, static_cast<const bf16*>(gate_up),
                                                              2 * I, e, stream);
-}
-
-bool ClusterSplitProductsAvailable() {
-  if (TensorMapEncoder() == nullptr) return false;
-  // Loads the sm_90a image (an error on any other GPU) and lets the kernel have its stages.
-  const size_t shared_bytes =
-      ClusterSplitSharedBytes<kClusterSplitTile>(ClusterSplitStages(kClusterMaxStages));
-  if (cudaFuncSetAttribute(kClusterSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  for (int splits = 1; splits <= kClusterMaxSplits && device < kMaxDevices; splits *= 2) {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = static_cast<unsigned>(splits);
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, 1, splits);
-    config.blockDim = kClusterThreads;
-    config.dynamicSmemBytes = shared_bytes;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kClusterSplitKernel, &config) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    resident_clusters[device][Log2(splits)].store(clusters, std::memory_order_relaxed);
-  }
-  return true;
-}
-
-int ClusterSplitSquareTiles(int out) { return (out + kClusterSplitTile - 1) / kClusterSplitTile; }
-
-cudaError_t ClusterSplitProduct(const void* x, int rows, int in, const void* w, int out, float* y,
-                                int64_t ld, bool accumulate, const ClusterSplitNorm* norm,
-                                cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  if (rows > kClusterRows || in % 8 != 0 || out % 4 != 0 || ld < out || ld % 4 != 0 ||
-      !Aligned16(y)) {
-    return cudaErrorInvalidValue;
-  }
-  if (norm != nullptr && (rows > norm->row_stride || !Aligned16(norm->weight) ||
-                          reinterpret_cast<uintptr_t>(norm->normed) % 8 != 0)) {
-    return cudaErrorInvalidValue;
-  }
-  int device = 0, sms = 0;
-  if (cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return error;
-  if (cudaError_t error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      error != cudaSuccess) {
-    return error;
-  }
-  // As many shares of K as keep the clusters (a tile each) within one wave and give each block
-  // at least a slice.
-  const int tiles = (out + kClusterSplitTile - 1) / kClusterSplitTile;
-  const int slices = (in + kSliceIn - 1) / kSliceIn;
-  int splits = kClusterMaxSplits;
-  while (splits > 1 && (tiles > ResidentClusters(device, splits, sms) ||
-                        (splits - 1) * ((slices + splits - 1) / splits) >= slices)) {
-    splits /= 2;
-  }
-  const int per_split = (slices + splits - 1) / splits;
-  CUtensorMap x_map, w_map;
-  if (cudaError_t error =
-          SwizzledTileMap(static_cast<const bf16*>(x), rows, in, kClusterRows, 1, &x_map);
-      error != cudaSuccess) {
-    return error;
-  }
-  if (cudaError_t error =
-          SwizzledTileMap(static_cast<const bf16*>(w), out, in, kClusterSplitTile, 1, &w_map);
-      error != cudaSuccess) {
-    return error;
-  }
-  const int stages = ClusterSplitStages(per_split);
-  cudaLaunchAttribute attributes[2] = {};
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  attributes[1].id = cudaLaunchAttributeClusterDimension;
-  attributes[1].val.clusterDim.x = 1;
-  attributes[1].val.clusterDim.y = 1;
-  attributes[1].val.clusterDim.z = static_cast<unsigned>(splits);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(tiles, 1, splits);
-  config.blockDim = kClusterThreads;
-  config.dynamicSmemBytes = ClusterSplitSharedBytes<kClusterSplitTile>(stages);
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = 2;
-  ClusterSplitOutput output{.y = y, .ld = ld, .rows = rows, .out = out, .add = accumulate};
-  if (norm != nullptr) {
-    output.norm_weight = norm->weight;
-    output.normed = static_cast<bf16*>(norm->normed);
-    output.row_squares = norm->row_squares;
-    output.row_stride = norm->row_stride;
-  }
-  return cudaLaunchKernelEx(&config, kClusterSplitKernel, x_map, w_map, in, stages, per_split,
-                            output);
 }
 
 }  // namespace ttt::kernels::cuda

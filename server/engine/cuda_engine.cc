@@ -240,17 +240,6 @@ class CudaEngine : public Engine {
   bool TensorCoreProducts(int64_t rows) const {
     return tensor_core_products_ && rows >= 64 && rows <= 256;
   }
-  // Which products a step of `rows` rows takes on cu::ClusterSplitProduct, as
-  // CudaEngineOptions::cluster_split_products asks: down, and where TensorCoreProducts does not
-  // take them, in_proj and o_proj with the feed-forward norm folded in (its input h ⊙ ffn_norm
-  // written by o_proj, its 1/rms applied in the SwiGLU kernel).
-  CudaEngineOptions::ClusterSplitProducts ClusterSplitStep(int64_t rows) const {
-    if (rows < 64 || rows > 256) return {};
-    const bool cublaslt_products = !TensorCoreProducts(rows);
-    return {.in_proj = cluster_split_.in_proj && cublaslt_products,
-            .o_proj = cluster_split_.o_proj && cublaslt_products,
-            .down = cluster_split_.down};
-  }
   // Our kernels were slower than cuBLASLt's on the 1b preset's wider products (bench/README.md
   // v14, v26), and so was the entry with 1b's tiles (v43, v44), so wider models keep cuBLASLt's.
   static constexpr int kTensorCoreProductsMaxWidth = 1024;
@@ -329,7 +318,6 @@ class CudaEngine : public Engine {
   cu::SequenceStepLayer sequence_step_layer_{};
   bool sequence_step_ = false;
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
-  CudaEngineOptions::ClusterSplitProducts cluster_split_;  // Asked for, and the GPU runs them.
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses: on the device, where the next step may take them, and in pinned
@@ -380,15 +368,6 @@ absl::Status CudaEngine::Initialize() {
   tensor_core_products_ = options_.precision == WeightPrecision::kBFloat16 &&
                           c.hidden_size <= kTensorCoreProductsMaxWidth &&
                           cu::TensorCoreProductsAvailable(c.hidden_size, c.intermediate_size);
-  if (options_.cluster_split_products.any()) {
-    if (options_.precision != WeightPrecision::kBFloat16 || c.hidden_size % 8 != 0 ||
-        c.intermediate_size % 8 != 0 || !cu::ClusterSplitProductsAvailable()) {
-      return absl::FailedPreconditionError(
-          "cluster_split_products: takes bf16 weights, widths that are multiples of 8 and a GPU "
-          "that runs sm_90a code");
-    }
-    cluster_split_ = options_.cluster_split_products;
-  }
 
   w1_split_ =
       options_.precision == WeightPrecision::kBFloat16 && c.ttt_layer_type == TttLayerType::kLinear;
@@ -683,10 +662,8 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.lr, R * nh * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn, R * 2 * I * f4));
   TTT_RETURN_IF_ERROR(reserve(s.ffn_act, R * I * g));
-  if (tensor_core_products_ || cluster_split_.o_proj) {
-    const int square_tiles = std::max(cu::FeedForwardEntry::SquareTiles(D),
-                                      cluster_split_.o_proj ? cu::ClusterSplitSquareTiles(D) : 0);
-    TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * square_tiles * f4));
+  if (tensor_core_products_) {
+    TTT_RETURN_IF_ERROR(reserve(s.row_squares, R * cu::FeedForwardEntry::SquareTiles(D) * f4));
   }
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
   TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
@@ -1231,12 +1208,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
-  const CudaEngineOptions::ClusterSplitProducts cluster_split = ClusterSplitStep(rows);
-  if (cluster_split.in_proj) {
-    TTT_CUDA(cu::ClusterSplitProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
-                                     static_cast<int>(columns_.ld), proj, columns_.ld,
-                                     /*accumulate=*/false, /*norm=*/nullptr, stream_));
-  } else if (TensorCoreProducts(rows)) {
+  if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
   } else {
@@ -1313,28 +1285,6 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                      .row_stride = static_cast<int>(s.room.rows),
                                      .activation = s.ffn_act.get()};
     TTT_CUDA(entry.Run(static_cast<int>(rows), stream_));
-  } else if (cluster_split.o_proj) {
-    // o_proj, which also writes the feed-forward norm's input h ⊙ ffn_norm and each row's sums of
-    // squares; gate_up on cuBLASLt; the norm's 1/rms applied to its sums in the SwiGLU kernel.
-    TTT_CUDA(cu::MakeProductInput(post_norm, rows, D, s.y_gemm.get(), gemm_type(), stream_));
-    const int row_stride = static_cast<int>(s.room.rows);
-    const cu::ClusterSplitNorm norm{.weight = w.ffn_norm,
-                                    .normed = s.x.get(),
-                                    .row_squares = s.row_squares.get<float>(),
-                                    .row_stride = row_stride};
-    TTT_CUDA(cu::ClusterSplitProduct(s.y_gemm.get(), static_cast<int>(rows), D, w.o_proj, D, h, D,
-                                     /*accumulate=*/true, &norm, stream_));
-    void* gate_up = s.ffn.get();
-    const cu::ElementType sums = GateUpSums(rows, s.x.get(), D, w.gate_up, 2 * I);
-    TTT_RETURN_IF_ERROR(
-        Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, gate_up, /*accumulate=*/false, sums));
-    const cu::RowRms rms{.row_squares = norm.row_squares,
-                         .tiles = cu::ClusterSplitSquareTiles(D),
-                         .row_stride = row_stride,
-                         .D = D,
-                         .eps = rms_eps};
-    TTT_CUDA(cu::SwiGluOverRms(gate_up, sums, static_cast<int>(rows), I, rms, s.ffn_act.get(),
-                               gemm_type(), stream_));
   } else {
     TTT_RETURN_IF_ERROR(Product(post_norm, rows, D, w.o_proj, D, cu::ProductOutput::kAccumulate, h,
                                 s.y_gemm.get()));
@@ -1346,12 +1296,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_RETURN_IF_ERROR(Product(ffn_norm, rows, D, w.gate_up, 2 * I, cu::ProductOutput::kSwiGlu,
                                 s.ffn_act.get(), s.x.get()));
   }
-  if (cluster_split.down) {
-    TTT_CUDA(cu::ClusterSplitProduct(s.ffn_act.get(), static_cast<int>(rows), I, w.down_proj, D, h,
-                                     D, /*accumulate=*/true, /*norm=*/nullptr, stream_));
-  } else {
-    TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
-  }
+  TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, h, /*accumulate=*/true));
   return absl::OkStatus();
 }
 

@@ -35,17 +35,6 @@ struct CudaEngineOptions {
   // always, creation failing for a model it does not cover (kRequired).
   enum class SingleSequenceKernel { kWhereFaster, kOff, kWhereItFits, kRequired };
   SingleSequenceKernel single_sequence_kernel = SingleSequenceKernel::kWhereFaster;
-  // Which products of bf16 steps of 64-256 rows run on cu::ClusterSplitProduct (tiles of all the
-  // rows, K split within a cluster): in_proj and o_proj where cuBLASLt's products run (models
-  // wider than the engine's own tensor-core products take), o_proj then also making the
-  // feed-forward norm's input (no RMSNorm kernel); down at any width. None by default: an
-  // experiment, to be timed against cuBLASLt's products in the engine (bench/README.md v63).
-  // Creation fails where the GPU cannot run it.
-  struct ClusterSplitProducts {
-    bool in_proj = false, o_proj = false, down = false;
-    bool any() const { return in_proj || o_proj || down; }
-  };
-  ClusterSplitProducts cluster_split_products;
 };
 
 // Number of CUDA devices usable by this process (0 without a driver or GPU).

@@ -1,7 +1,6 @@
 #include "server/engine/engine_factory.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "server/engine/cpu_engine.h"
 #include "server/util/absl_string_view.h"
 
@@ -20,8 +19,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(std::shared_ptr<const Model
                              .max_sequences = options.max_sequences,
                              .state_pool_fraction = options.state_pool_fraction,
                              .prefill_tokens_per_step = options.prefill_tokens_per_step,
-                             .single_sequence_kernel = options.single_sequence_kernel,
-                             .cluster_split_products = options.cluster_split_products});
+                             .single_sequence_kernel = options.single_sequence_kernel});
   }
 #else
   if (options.backend == "cuda") {
@@ -47,24 +45,6 @@ absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKerne
   if (text == "off") return Choice::kOff;
   return absl::InvalidArgumentError(
       absl::StrCat("single_sequence_kernel: '", AbslView(text), "' is not auto, on or off"));
-}
-
-absl::StatusOr<CudaEngineOptions::ClusterSplitProducts> ParseClusterSplitProducts(
-    std::string_view text) {
-  CudaEngineOptions::ClusterSplitProducts products;
-  if (text == "all") return CudaEngineOptions::ClusterSplitProducts{true, true, true};
-  for (const absl::string_view name : absl::StrSplit(AbslView(text), ',', absl::SkipEmpty())) {
-    bool* product = name == "in_proj"  ? &products.in_proj
-                    : name == "o_proj" ? &products.o_proj
-                    : name == "down"   ? &products.down
-                                       : nullptr;
-    if (product == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cluster_split_products: '", name, "' is not in_proj, o_proj, down or all"));
-    }
-    *product = true;
-  }
-  return products;
 }
 
 }  // namespace ttt

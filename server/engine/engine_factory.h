@@ -19,8 +19,6 @@ struct EngineOptions {
   // CUDA: how a single sequence decodes (see CudaEngineOptions).
   CudaEngineOptions::SingleSequenceKernel single_sequence_kernel =
       CudaEngineOptions::SingleSequenceKernel::kWhereFaster;
-  // CUDA: which products run on the cluster split-K kernel (see CudaEngineOptions).
-  CudaEngineOptions::ClusterSplitProducts cluster_split_products;
 };
 
 // InvalidArgument for an unknown backend; FailedPrecondition when "cuda" is asked for and this
@@ -34,10 +32,6 @@ absl::StatusOr<WeightPrecision> ParseWeightPrecision(std::string_view text);
 // Parses "auto" (the engine times both paths), "on" (the one kernel where the model fits it) and
 // "off".
 absl::StatusOr<CudaEngineOptions::SingleSequenceKernel> ParseSingleSequenceKernel(
-    std::string_view text);
-
-// Parses a comma-separated list of in_proj, o_proj and down, "all" (the three) or "" (none).
-absl::StatusOr<CudaEngineOptions::ClusterSplitProducts> ParseClusterSplitProducts(
     std::string_view text);
 
 }  // namespace ttt

@@ -18,28 +18,11 @@ TEST(EngineFactoryTest, ParsesTheSingleSequenceKernelChoices) {
   EXPECT_EQ(EngineOptions{}.single_sequence_kernel, Choice::kWhereFaster);
 }
 
-TEST(EngineFactoryTest, ParsesTheClusterSplitProducts) {
-  const auto none = ParseClusterSplitProducts("").value();
-  EXPECT_FALSE(none.any());
-  const auto some = ParseClusterSplitProducts("o_proj,down").value();
-  EXPECT_FALSE(some.in_proj);
-  EXPECT_TRUE(some.o_proj);
-  EXPECT_TRUE(some.down);
-  const auto all = ParseClusterSplitProducts("all").value();
-  EXPECT_TRUE(all.in_proj && all.o_proj && all.down);
-  EXPECT_FALSE(EngineOptions{}.cluster_split_products.any());  // None unless asked for.
-}
-
 TEST(EngineFactoryTest, RefusesUnknownValuesNamingTheOption) {
   const auto kernel = ParseSingleSequenceKernel("sometimes");
   ASSERT_FALSE(kernel.ok());
   EXPECT_EQ(kernel.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(kernel.status().message(), HasSubstr("single_sequence_kernel: 'sometimes'"));
-
-  const auto products = ParseClusterSplitProducts("o_proj,gate_up");
-  ASSERT_FALSE(products.ok());
-  EXPECT_EQ(products.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(products.status().message(), HasSubstr("cluster_split_products: 'gate_up'"));
 
   const auto precision = ParseWeightPrecision("f16");
   ASSERT_FALSE(precision.ok());

@@ -319,36 +319,6 @@ TEST(CudaBFloat16Test, PromptStepOf200RowsCloseToTheCpuEngine) {
   ExpectWithinBf16Bounds(agreement, "prompt step of 200 rows");
 }
 
-// CudaEngineOptions::cluster_split_products: in_proj, o_proj and down on the cluster split-K kernel
-// (in_proj and o_proj there on a model wider than the engine's own tensor-core products take:
-// 1,088 > 1,024), at batches of 256 and 64
-// sequences at mixed offsets (a whole tile of rows and a quarter of one), against the CPU engine in
-// float32, held to the golden models' bounds.
-TEST(CudaBFloat16Test, ClusterSplitProductsCloseToTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
-  ModelConfig c = Bf16TestConfig();
-  c.num_attention_heads = 17;
-  c.hidden_size = 17 * 64;
-  auto model = testing::RandomModel(c, 23);
-  for (const int sequences : {256, 64}) {
-    CpuEngine cpu(model);
-    auto gpu = CreateCudaEngine(
-        model, {.precision = WeightPrecision::kBFloat16,
-                .max_sequences = sequences,
-                .cluster_split_products = {.in_proj = true, .o_proj = true, .down = true}});
-    if (absl::IsFailedPrecondition(gpu.status())) GTEST_SKIP() << gpu.status();
-    ASSERT_TRUE(gpu.ok()) << gpu.status();
-    std::vector<int64_t> prompt_lengths(sequences);
-    for (int s = 0; s < sequences; ++s) prompt_lengths[s] = 1 + s % 23;
-    Bf16Agreement agreement;
-    ASSERT_NO_FATAL_FAILURE(RunSideBySide(cpu, **gpu, c.vocab_size, prompt_lengths,
-                                          /*steps=*/20, LogitsFor::kNone, /*seed=*/25,
-                                          AddRows(c.vocab_size, &agreement)));
-    ExpectWithinBf16Bounds(agreement,
-                           absl::StrCat("cluster split products, batch ", sequences).c_str());
-  }
-}
-
 // With bf16 weights the engine reads θ0 as bf16 from the upper halves of W1, which it holds in
 // halves (the state stays float32 to the bit). That must not drift: six sequences at mixed
 // offsets decode 400 steps (25 windows committed each) against the CPU engine in float32, held to

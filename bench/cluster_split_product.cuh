@@ -14,6 +14,9 @@
 // A block: four consumer warpgroups, each taking 64 rows of every slice (MultiplySlices), and a
 // producer warp that keeps `stages` slices of x and w in flight, asking for its first slices of w
 // before the previous kernel has ended (weights are never a kernel's output).
+//
+// Timed by ttt-decode-gemm only: at the presets' products it is slower than cuBLASLt's kernels
+// (bench/README.md v63), so the engine does not run it.
 #pragma once
 
 #include <cuda.h>
@@ -48,20 +51,12 @@ __device__ __forceinline__ float4 LoadFromCluster(const float* local, uint32_t c
   return v;
 }
 
-// Where the product goes: y [rows, out], rows ld floats apart, stored or (add) added into. With
-// `normed` (tiles of 128 outputs), also what the RMSNorm after o_proj needs from the new y:
-// normed = y ⊙ norm_weight in bf16 (rows ld apart), and row_squares[column tile · row_stride +
-// row] the sum of squares of the row's outputs in each tile (1/rms then scales gate_up's sums, as
-// in FeedForwardEntry).
+// Where the product goes: y [rows, out], rows ld floats apart, stored or (add) added into.
 struct ClusterSplitOutput {
   float* y;
   int64_t ld;
   int rows, out;
   bool add;
-  const float* norm_weight = nullptr;
-  __nv_bfloat16* normed = nullptr;
-  float* row_squares = nullptr;
-  int row_stride = 0;
 };
 
 // The dynamic shared memory a block takes: the stages, or its partial tile where that is larger,
@@ -173,55 +168,31 @@ __global__ void __launch_bounds__(kClusterThreads)
   if (!producer) {
     // This block's rows: the z-th of `splits` stripes, the partial tiles of its column tile's
     // blocks summed in split order, then stored or added into y.
-    // A row's 128 outputs are one warp's 32 pieces (a multiple of 32 pieces a stripe): the norm's
-    // sums of squares are the warp's.
     const int stripe_rows = kClusterRows / splits;
     constexpr int kQuads = kN / 4;  // Four-float pieces of a row.
     for (int piece = threadIdx.x; piece < stripe_rows * kQuads; piece += 128 * kClusterConsumers) {
       const int row = blockIdx.z * stripe_rows + piece / kQuads, column = piece % kQuads * 4;
-      const bool inside = row < o.rows && out0 + column < o.out;
-      float4 sum = make_float4(0, 0, 0, 0);
-      if (inside) {
-        const float* local = partial + row * kPartialStride + column;
-        sum = LoadFromCluster(local, pair);
-        for (int split = 1; split < splits; ++split) {
-          const float4 v = LoadFromCluster(local, pair + kPairs * split);
-          sum.x += v.x;
-          sum.y += v.y;
-          sum.z += v.z;
-          sum.w += v.w;
-        }
-        const int64_t at = row * o.ld + out0 + column;
-        float4* target = reinterpret_cast<float4*>(o.y + at);
-        if (o.add) {
-          const float4 earlier = *target;
-          sum.x += earlier.x;
-          sum.y += earlier.y;
-          sum.z += earlier.z;
-          sum.w += earlier.w;
-        }
-        *target = sum;
-        if constexpr (kN == 128) {
-          if (o.normed != nullptr) {
-            const float4 gain = *reinterpret_cast<const float4*>(o.norm_weight + out0 + column);
-            const __nv_bfloat162 pairs[2] = {__floats2bfloat162_rn(sum.x * gain.x, sum.y * gain.y),
-                                             __floats2bfloat162_rn(sum.z * gain.z, sum.w * gain.w)};
-            *reinterpret_cast<uint2*>(o.normed + at) = *reinterpret_cast<const uint2*>(pairs);
-          }
-        }
+      if (row >= o.rows || out0 + column >= o.out) continue;
+      const float* local = partial + row * kPartialStride + column;
+      float4 sum = LoadFromCluster(local, pair);
+      for (int split = 1; split < splits; ++split) {
+        const float4 v = LoadFromCluster(local, pair + kPairs * split);
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
       }
-      if constexpr (kN == 128) {
-        if (o.normed != nullptr) {
-          float squares = sum.x * sum.x + sum.y * sum.y + sum.z * sum.z + sum.w * sum.w;
-          squares = WarpSum(squares);
-          if (lane == 0 && row < o.rows) {
-            o.row_squares[static_cast<int64_t>(blockIdx.x) * o.row_stride + row] = squares;
-          }
-        }
+      float4* target = reinterpret_cast<float4*>(o.y + row * o.ld + out0 + column);
+      if (o.add) {
+        const float4 earlier = *target;
+        sum.x += earlier.x;
+        sum.y += earlier.y;
+        sum.z += earlier.z;
+        sum.w += earlier.w;
       }
+      *target = sum;
     }
   }
-  __syncwarp();
   SyncCluster();  // No block leaves while another reads its partial tile.
 }
 
