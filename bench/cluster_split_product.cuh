@@ -29,7 +29,15 @@
 #include "kernels/cuda/grid_sync.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
-namespace ttt::kernels::cuda {
+namespace ttt::bench {
+
+using kernels::cuda::ArriveInCluster;
+using kernels::cuda::kSliceIn;
+using kernels::cuda::kWarp;
+using kernels::cuda::MultiplySlices;
+using kernels::cuda::ProduceSlices;
+using kernels::cuda::SyncCluster;
+using kernels::cuda::WaitForPreviousKernel;
 
 inline constexpr int kClusterRows = 256, kClusterConsumers = 4;
 inline constexpr int kClusterThreads = 128 * kClusterConsumers + 32;
@@ -196,4 +204,4 @@ __global__ void __launch_bounds__(kClusterThreads)
   SyncCluster();  // No block leaves while another reads its partial tile.
 }
 
-}  // namespace ttt::kernels::cuda
+}  // namespace ttt::bench

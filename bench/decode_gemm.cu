@@ -59,13 +59,13 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using ttt::Median;
+using ttt::bench::ClusterSplitKernel;
+using ttt::bench::ClusterSplitOutput;
+using ttt::bench::ClusterSplitSharedBytes;
+using ttt::bench::kClusterMaxStages;
+using ttt::bench::kClusterRows;
+using ttt::bench::kClusterThreads;
 using ttt::kernels::cuda::ArriveInCluster;
-using ttt::kernels::cuda::ClusterSplitKernel;
-using ttt::kernels::cuda::ClusterSplitOutput;
-using ttt::kernels::cuda::ClusterSplitSharedBytes;
-using ttt::kernels::cuda::kClusterMaxStages;
-using ttt::kernels::cuda::kClusterRows;
-using ttt::kernels::cuda::kClusterThreads;
 using ttt::kernels::cuda::kSliceIn;
 using ttt::kernels::cuda::Launch;
 using ttt::kernels::cuda::MultiplySlices;
