@@ -16,7 +16,7 @@
 // before the previous kernel has ended (weights are never a kernel's output).
 //
 // Timed by ttt-decode-gemm only: at the presets' products it is slower than cuBLASLt's kernels
-// (bench/README.md v63), so the engine does not run it.
+// (bench/README.md v63; v64 says where its time goes), so the engine does not run it.
 #pragma once
 
 #include <cuda.h>
