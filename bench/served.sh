@@ -6,6 +6,8 @@
 # /metrics), how busy the machine's cores were during the run, and how the kernel scheduled the
 # server's scheduler thread.
 #   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
+# TOKENS is a count, or a distribution as ttt-loadgen takes it (uniform:MIN:MAX); PROMPT_TOKENS, in
+# the environment, the prompts' (fixed:16 unless set).
 # REQUESTS defaults to 8 × STREAMS: with every request as long as the others, they come in waves,
 # and two waves' figure moved ±6% between runs of one engine where eight came within 3%
 # (bench/README.md, served v7).
@@ -16,6 +18,8 @@ build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:
 metrics_port="${6:-9464}"; connections="${7:-1}"
 server_cpus=(); [ -n "${SERVER_CPUS:-}" ] && server_cpus=(taskset -c "$SERVER_CPUS")
 loadgen_cpus=(); [ -n "${LOADGEN_CPUS:-}" ] && loadgen_cpus=(taskset -c "$LOADGEN_CPUS")
+output_tokens="$tokens"; [[ $tokens == *:* ]] || output_tokens="fixed:$tokens"
+prompt_tokens="${PROMPT_TOKENS:-fixed:16}"
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
@@ -65,7 +69,7 @@ scheduler_before=$(scheduler_counts)
 read -r busy_before total_before < <(cpu)
 server_cpu_before=$(server_cpu); times > "$work/times.before"
 "${loadgen_cpus[@]}" "$build/client/ttt-loadgen" --server "127.0.0.1:$port" \
-  --concurrency "$streams" --connections "$connections" --requests "$requests" --prompt-tokens fixed:16 --output-tokens "fixed:$tokens" \
+  --concurrency "$streams" --connections "$connections" --requests "$requests" --prompt-tokens "$prompt_tokens" --output-tokens "$output_tokens" \
   --progress=false --json-out "$work/served.json" > /dev/null
 read -r busy_after total_after < <(cpu)
 scheduler_after=$(scheduler_counts)
