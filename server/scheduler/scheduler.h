@@ -80,8 +80,12 @@ struct GenerationUpdate {
 // The link between a request's caller and the scheduler.
 class GenerationHandle {
  public:
-  // Waits up to `timeout` for news; false when there is none yet.
-  bool Next(absl::Duration timeout, GenerationUpdate* update);
+  // Takes what has arrived since the last call, without waiting; false when nothing has.
+  bool TakeNews(GenerationUpdate* update);
+  // `listener` is called, on the scheduler's delivery thread, whenever news arrives; if some is
+  // already waiting, once now too. It must return quickly. Setting another (or none) returns
+  // once no call of the previous one is running.
+  void SetListener(std::function<void()> listener);
   // Asks the scheduler to stop this request at its next step: kStop (the caller saw a stop
   // string) or kCancelled (the caller went away: its slot is freed).
   void Cancel(FinishReason reason);
@@ -93,12 +97,17 @@ class GenerationHandle {
   void Finish(std::vector<GeneratedToken> tokens, FinishReason reason, absl::Status status,
               const GenerationTimes& times);
   bool cancel_requested(FinishReason* reason);
+  void Notify();
 
   absl::Mutex mutex_;
   GenerationUpdate pending_ ABSL_GUARDED_BY(mutex_);
   bool has_news_ ABSL_GUARDED_BY(mutex_) = false;
   std::atomic<bool> cancel_ = false;  // Set (under mutex_) after cancel_reason_.
   FinishReason cancel_reason_ ABSL_GUARDED_BY(mutex_) = FinishReason::kCancelled;
+  // Held while the listener runs (which may take mutex_), so that replacing it waits for the
+  // call in progress.
+  absl::Mutex listener_mutex_;
+  std::function<void()> listener_ ABSL_GUARDED_BY(listener_mutex_);
 };
 
 enum class SessionTier { kEngine, kHost };
