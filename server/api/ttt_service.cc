@@ -288,9 +288,24 @@ class GenerationCall : public Reactor {
   }
 
  protected:
-  // Sends what has arrived; at the end, or once the client is gone, finishes the call (and sets
-  // finished_).
-  virtual void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) = 0;
+  // Sends what has arrived; at the end, or once the client is gone, finishes the call.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (finished_ || Writing()) return;
+    if (cancelled_) {
+      finished_ = true;
+      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    GenerationUpdate update;
+    if (!handle_->TakeNews(&update)) return;
+    finished_ = update.finished;
+    Send(update, responses_.Build(update));
+  }
+  // Whether a write is in flight (news waits for it).
+  virtual bool Writing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return false; }
+  // Sends `response`, the news in `update`; finishes the call if it is the end.
+  virtual void Send(const GenerationUpdate& update, v1::GenerateResponse response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) = 0;
 
   void SchedulePump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     if (pump_scheduled_ || finished_) return;
@@ -312,17 +327,13 @@ class GenerationCall : public Reactor {
   const std::shared_ptr<GenerationHandle> handle_;
   ResponseBuilder responses_ ABSL_GUARDED_BY(mutex_);
   bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
-  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
 
  private:
   WorkerPool* const responders_;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
   bool done_ ABSL_GUARDED_BY(mutex_) = false;
   bool pump_scheduled_ ABSL_GUARDED_BY(mutex_) = false;
 };
-
-grpc::Status ClientGone() {
-  return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-}
 
 // Generate: a response a batch of tokens, one write at a time; tokens that arrive during a write
 // go out together in the next.
@@ -339,26 +350,19 @@ class GenerateCall final : public GenerationCall<grpc::ServerWriteReactor<v1::Ge
   }
 
  private:
-  void Pump() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (writing_ || finished_) return;
-    if (cancelled_) {
-      finished_ = true;
-      Finish(ClientGone());
-      return;
-    }
-    GenerationUpdate update;
-    if (!handle_->TakeNews(&update)) return;
-    response_ = responses_.Build(update);
-    if (update.finished) {
-      finished_ = true;
-      if (!update.status.ok()) {
-        Finish(ToGrpc(update.status));
-      } else {
-        StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
-      }
-    } else if (response_.tokens_size() > 0) {
+  bool Writing() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return writing_; }
+
+  void Send(const GenerationUpdate& update, v1::GenerateResponse response) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    response_ = std::move(response);
+    if (!update.finished) {
+      if (response_.tokens_size() == 0) return;
       writing_ = true;
       StartWrite(&response_);
+    } else if (!update.status.ok()) {
+      Finish(ToGrpc(update.status));
+    } else {
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     }
   }
 
@@ -374,22 +378,13 @@ class CompleteCall final : public GenerationCall<grpc::ServerUnaryReactor> {
       : GenerationCall(std::move(handle), std::move(text), responders), response_(response) {}
 
  private:
-  void Pump() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (finished_) return;
-    if (cancelled_) {
-      finished_ = true;
-      Finish(ClientGone());
-      return;
-    }
-    GenerationUpdate update;
-    if (!handle_->TakeNews(&update)) return;
-    v1::GenerateResponse part = responses_.Build(update);
+  void Send(const GenerationUpdate& update, v1::GenerateResponse part) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     for (v1::Token& token : *part.mutable_tokens()) {
       response_->mutable_text()->append(token.text());
       *response_->add_tokens() = std::move(token);
     }
     if (!update.finished) return;
-    finished_ = true;
     response_->set_finish_reason(part.finish_reason());
     *response_->mutable_usage() = part.usage();
     Finish(ToGrpc(update.status));

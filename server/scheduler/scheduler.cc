@@ -283,7 +283,11 @@ void Scheduler::Loop() {
     ChargeTime(SchedulerPhase::kLaunch);
     if (in_flight_.size() > 1 || (!launched && !in_flight_.empty())) CompleteStep();
     ReleaseFinished();
-    delivery_.Post(std::exchange(outbox_, {}));
+    if (!outbox_.empty()) {
+      delivery_.Post([batch = std::exchange(outbox_, {})] {
+        for (const std::function<void()>& deliver : batch) deliver();
+      });
+    }
     ChargeTime(SchedulerPhase::kRelease);
   }
 }

@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
 #include "server/engine/sampler.h"
-#include "server/scheduler/delivery_thread.h"
+#include "server/util/worker_pool.h"
 
 namespace ttt {
 
@@ -227,9 +227,13 @@ class Scheduler {
   uint64_t next_step_id_ = 1;
   absl::Time previous_step_end_;  // When the latest step was collected.
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
-  std::vector<DeliveryThread::Delivery> outbox_;
+  std::vector<std::function<void()>> outbox_;
 
-  DeliveryThread delivery_;  // Outlives the scheduler thread, which posts to it.
+  // Runs the hand-offs, in the order posted, on a thread of its own: waking a caller costs a few
+  // microseconds, and for hundreds of streams a step that is time the scheduler would otherwise
+  // spend between engine steps instead of during them. Outlives the scheduler thread, which
+  // posts to it.
+  WorkerPool delivery_{1, "ttt-delivery"};
   std::thread thread_;
 };
 

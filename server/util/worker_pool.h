@@ -1,4 +1,5 @@
-// Runs posted tasks on a fixed set of threads, in no particular order.
+// Runs posted tasks on a fixed set of threads: in the order posted with one thread, in no
+// particular order with more.
 #pragma once
 
 #include <deque>
