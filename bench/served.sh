@@ -12,10 +12,13 @@
 # and two waves' figure moved ±6% between runs of one engine where eight came within 3%
 # (bench/README.md, served v7).
 # SERVER_CPUS / LOADGEN_CPUS (taskset lists, e.g. 0-7 and 8-15) keep the two on cores of their
-# own, as when the clients run on other machines.
+# own, as when the clients run on other machines. SERVER (a ttt-server binary) overrides
+# BUILD_DIR's, to compare two builds; SERVER_ARGS are added to its flags. SERVED_ONLY=1 leaves
+# out the engine's runs.
 set -euo pipefail
 build="$1"; preset="$2"; streams="${3:-256}"; tokens="${4:-256}"; requests="${5:-$((8 * streams))}"
 metrics_port="${6:-9464}"; connections="${7:-1}"
+server_binary="${SERVER:-$build/server/ttt-server}"
 server_cpus=(); [ -n "${SERVER_CPUS:-}" ] && server_cpus=(taskset -c "$SERVER_CPUS")
 loadgen_cpus=(); [ -n "${LOADGEN_CPUS:-}" ] && loadgen_cpus=(taskset -c "$LOADGEN_CPUS")
 output_tokens="$tokens"; [[ $tokens == *:* ]] || output_tokens="fixed:$tokens"
@@ -23,9 +26,9 @@ prompt_tokens="${PROMPT_TOKENS:-fixed:16}"
 work=$(mktemp -d)
 trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
-"${server_cpus[@]}" "$build/server/ttt-server" --model "$work/model" --host 127.0.0.1 --port 0 \
+"${server_cpus[@]}" "$server_binary" --model "$work/model" --host 127.0.0.1 --port 0 \
   --metrics-port "$metrics_port" --max-sequences $((streams + 16)) \
-  --max-waiting $((4 * streams)) 2> "$work/server.log" &
+  --max-waiting $((4 * streams)) ${SERVER_ARGS:-} 2> "$work/server.log" &
 server=$!
 port=""
 for _ in $(seq 600); do
@@ -109,6 +112,7 @@ awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
       1e-6 * (c[5] - c[1]) / (d + p), 1e-6 * (c[6] - c[2]) / (d + p), (c[7] - c[3]) / (d + p),
       (c[8] - c[4]) / (d + p) }' "$work/before.prom" "$work/after.prom"
 kill -TERM $server; wait $server || true
+[ -z "${SERVED_ONLY:-}" ] || exit 0
 # The engine alone at the same batch, with two steps in flight as the server drives it. Its
 # tokens/s comes from the median step; every 16th step commits every sequence's window and takes
 # about twice as long, so the sustained rate is the mean's (ttt-bench's 128 steps are whole
