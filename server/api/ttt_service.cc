@@ -1,8 +1,6 @@
 #include "server/api/ttt_service.h"
 
-#include <algorithm>
 #include <cmath>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/random/random.h"
@@ -13,6 +11,7 @@ namespace ttt {
 namespace {
 
 constexpr int32_t kMaxTopLogprobs = 20;
+constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -138,7 +137,7 @@ absl::StatusOr<GenerationSpec> ParseGenerateRequest(const v1::GenerateRequest& r
 // Proto strings must be valid UTF-8: a lone token's bytes may be part of a character.
 std::string ValidUtf8(std::string bytes) { return TakeCompleteUtf8(&bytes, /*final=*/true); }
 
-absl::Time DeadlineOf(const grpc::ServerContextBase& context) {
+absl::Time DeadlineOf(const grpc::ServerContext& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
@@ -200,218 +199,7 @@ class TextStream {
   bool stopped_ = false;
 };
 
-// A generation's news as responses: its tokens with their text, and at the end the finish
-// reason and usage (or the error that ended it).
-class ResponseBuilder {
- public:
-  ResponseBuilder(GenerationHandle* handle, TextStream text)
-      : handle_(handle), text_(std::move(text)) {}
-
-  v1::GenerateResponse Build(const GenerationUpdate& update) {
-    v1::GenerateResponse response;
-    for (const GeneratedToken& token : update.tokens) {
-      if (text_.stopped()) break;
-      v1::Token* out = response.add_tokens();
-      ++tokens_sent_;
-      out->set_id(token.id);
-      out->set_logprob(token.logprob);
-      out->set_text(text_.Push(token.id));
-      for (const auto& [id, logprob] : token.top_logprobs) {
-        v1::TopLogprob* top = out->add_top_logprobs();
-        top->set_id(id);
-        top->set_text(ValidUtf8(text_.Text(id)));
-        top->set_logprob(logprob);
-      }
-      if (text_.stopped()) handle_->Cancel(FinishReason::kStop);
-    }
-    if (!update.finished || !update.status.ok()) return response;
-    // Held-back text (an unfinished character, the start of a stop string that never
-    // completed) rides on the last token; the end of a generation always brings one, except
-    // when the server cancels it.
-    const std::string rest = text_.Flush();
-    if (!rest.empty() && response.tokens_size() > 0) {
-      response.mutable_tokens(response.tokens_size() - 1)->mutable_text()->append(rest);
-    }
-    // Stop strings are found here, after the scheduler may already have gone on (or ended for
-    // another reason): what the client saw decides.
-    response.set_finish_reason(text_.stopped() ? v1::FINISH_REASON_STOP
-                                               : ToProto(update.finish_reason));
-    v1::Usage* usage = response.mutable_usage();
-    usage->set_prompt_tokens(update.times.prompt_tokens);
-    usage->set_generated_tokens(tokens_sent_);
-    usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
-    usage->set_time_to_first_token_seconds(absl::ToDoubleSeconds(update.times.time_to_first_token));
-    usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));
-    return response;
-  }
-
- private:
-  GenerationHandle* handle_;
-  TextStream text_;
-  int32_t tokens_sent_ = 0;
-};
-
-// A Generate or Complete call in flight (`Reactor` is gRPC's reactor for its kind). The
-// scheduler's delivery thread tells it of news, gRPC of the client going away; either schedules
-// Pump on the responders, which sends what has arrived or ends the call. It deletes itself when
-// gRPC is done with it and no pump is pending.
-template <typename Reactor>
-class GenerationCall : public Reactor {
- public:
-  GenerationCall(std::shared_ptr<GenerationHandle> handle, TextStream text, WorkerPool* responders)
-      : handle_(std::move(handle)), responses_(handle_.get(), std::move(text)),
-        responders_(responders) {}
-
-  // Once the call is built: news may come at once.
-  void Listen() {
-    handle_->SetListener([this] {
-      absl::MutexLock lock(&mutex_);
-      SchedulePump();
-    });
-  }
-
-  void OnCancel() override {
-    handle_->Cancel(FinishReason::kCancelled);
-    absl::MutexLock lock(&mutex_);
-    cancelled_ = true;
-    SchedulePump();
-  }
-
-  void OnDone() override {
-    handle_->SetListener(nullptr);
-    {
-      absl::MutexLock lock(&mutex_);
-      done_ = true;
-      if (pump_scheduled_) return;  // The pump deletes it.
-    }
-    delete this;
-  }
-
- protected:
-  // Sends what has arrived; at the end, or once the client is gone, finishes the call.
-  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (finished_ || Writing()) return;
-    if (cancelled_) {
-      finished_ = true;
-      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
-      return;
-    }
-    GenerationUpdate update;
-    if (!handle_->TakeNews(&update)) return;
-    finished_ = update.finished;
-    Send(update, responses_.Build(update));
-  }
-  // Whether a write is in flight (news waits for it).
-  virtual bool Writing() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return false; }
-  // Sends `response`, the news in `update`; finishes the call if it is the end.
-  virtual void Send(const GenerationUpdate& update, v1::GenerateResponse response)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) = 0;
-
-  void SchedulePump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (pump_scheduled_ || finished_) return;
-    pump_scheduled_ = true;
-    responders_->Post([this] {
-      {
-        absl::MutexLock lock(&mutex_);
-        pump_scheduled_ = false;
-        if (!done_) {
-          Pump();
-          return;
-        }
-      }
-      delete this;
-    });
-  }
-
-  absl::Mutex mutex_;
-  const std::shared_ptr<GenerationHandle> handle_;
-  ResponseBuilder responses_ ABSL_GUARDED_BY(mutex_);
-  bool cancelled_ ABSL_GUARDED_BY(mutex_) = false;
-
- private:
-  WorkerPool* const responders_;
-  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
-  bool done_ ABSL_GUARDED_BY(mutex_) = false;
-  bool pump_scheduled_ ABSL_GUARDED_BY(mutex_) = false;
-};
-
-// Generate: a response a batch of tokens, one write at a time; tokens that arrive during a write
-// go out together in the next.
-class GenerateCall final : public GenerationCall<grpc::ServerWriteReactor<v1::GenerateResponse>> {
- public:
-  using GenerationCall::GenerationCall;
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) handle_->Cancel(FinishReason::kCancelled);
-    absl::MutexLock lock(&mutex_);
-    writing_ = false;
-    if (!ok) cancelled_ = true;
-    Pump();
-  }
-
- private:
-  bool Writing() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return writing_; }
-
-  void Send(const GenerationUpdate& update, v1::GenerateResponse response) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    response_ = std::move(response);
-    if (!update.finished) {
-      if (response_.tokens_size() == 0) return;
-      writing_ = true;
-      StartWrite(&response_);
-    } else if (!update.status.ok()) {
-      Finish(ToGrpc(update.status));
-    } else {
-      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
-    }
-  }
-
-  v1::GenerateResponse response_ ABSL_GUARDED_BY(mutex_);  // Held by gRPC while writing_.
-  bool writing_ ABSL_GUARDED_BY(mutex_) = false;
-};
-
-// Complete: the whole generation in one response.
-class CompleteCall final : public GenerationCall<grpc::ServerUnaryReactor> {
- public:
-  CompleteCall(std::shared_ptr<GenerationHandle> handle, TextStream text, WorkerPool* responders,
-               v1::CompleteResponse* response)
-      : GenerationCall(std::move(handle), std::move(text), responders), response_(response) {}
-
- private:
-  void Send(const GenerationUpdate& update, v1::GenerateResponse part) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    for (v1::Token& token : *part.mutable_tokens()) {
-      response_->mutable_text()->append(token.text());
-      *response_->add_tokens() = std::move(token);
-    }
-    if (!update.finished) return;
-    response_->set_finish_reason(part.finish_reason());
-    *response_->mutable_usage() = part.usage();
-    Finish(ToGrpc(update.status));
-  }
-
-  v1::CompleteResponse* const response_;
-};
-
-// A Generate call refused before it started.
-class RefusedStream final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
-  void OnDone() override { delete this; }
-};
-
 }  // namespace
-
-struct TttService::StartedGeneration {
-  std::shared_ptr<GenerationHandle> handle;
-  TextStream text;
-};
-
-// Half the cores, 2 to 8: enough threads starting writes that gRPC can batch the writes of a
-// step's streams (bench/README.md, served API v1).
-TttService::TttService()
-    : responders_(std::clamp<int>(std::thread::hardware_concurrency() / 2, 2, 8),
-                  "ttt-respond") {}
 
 void TttService::Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics) {
   backend_storage_ = std::make_unique<Backend>(Backend{std::move(model), scheduler, metrics});
@@ -424,44 +212,101 @@ absl::StatusOr<const TttService::Backend*> TttService::backend() const {
   return backend;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* TttService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  absl::StatusOr<StartedGeneration> started = StartGeneration(*context, *request);
-  if (!started.ok()) return new RefusedStream(ToGrpc(started.status()));
-  auto* call = new GenerateCall(std::move(started->handle), std::move(started->text), &responders_);
-  call->Listen();
-  return call;
-}
-
-grpc::ServerUnaryReactor* TttService::Complete(grpc::CallbackServerContext* context,
-                                               const v1::GenerateRequest* request,
-                                               v1::CompleteResponse* response) {
-  absl::StatusOr<StartedGeneration> started = StartGeneration(*context, *request);
-  if (!started.ok()) {
-    grpc::ServerUnaryReactor* refused = context->DefaultReactor();
-    refused->Finish(ToGrpc(started.status()));
-    return refused;
-  }
-  auto* call = new CompleteCall(std::move(started->handle), std::move(started->text), &responders_,
-                                response);
-  call->Listen();
-  return call;
-}
-
-absl::StatusOr<TttService::StartedGeneration> TttService::StartGeneration(
-    const grpc::CallbackServerContext& context, const v1::GenerateRequest& request) {
-  TTT_ASSIGN_OR_RETURN(const Backend* backend, this->backend());
-  const Model& model = *backend->model;
-  absl::StatusOr<GenerationSpec> spec = ParseGenerateRequest(request, model, DeadlineOf(context));
+grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
+                                       const v1::GenerateRequest& request,
+                                       const std::function<bool(v1::GenerateResponse&)>& emit) {
+  absl::StatusOr<const Backend*> backend = this->backend();
+  if (!backend.ok()) return ToGrpc(backend.status());
+  const Model& model = *(*backend)->model;
+  Metrics* metrics = (*backend)->metrics;
+  const absl::Time deadline = DeadlineOf(*context);
+  absl::StatusOr<GenerationSpec> spec = ParseGenerateRequest(request, model, deadline);
   absl::StatusOr<std::shared_ptr<GenerationHandle>> handle =
-      spec.ok() ? backend->scheduler->Submit(*std::move(spec)) : spec.status();
+      spec.ok() ? (*backend)->scheduler->Submit(*std::move(spec)) : spec.status();
   if (!handle.ok()) {
-    if (backend->metrics != nullptr) backend->metrics->RequestRejected(handle.status());
-    return handle.status();
+    if (metrics != nullptr) metrics->RequestRejected(handle.status());
+    return ToGrpc(handle.status());
   }
   std::vector<std::string> stops(request.stopping().stop().begin(),
                                  request.stopping().stop().end());
-  return StartedGeneration{*std::move(handle), TextStream(model.tokenizer.get(), std::move(stops))};
+  TextStream text(model.tokenizer.get(), std::move(stops));
+  bool client_gone = false;
+  int32_t tokens_sent = 0;
+  while (true) {
+    GenerationUpdate update;
+    if (!(*handle)->Next(kPollInterval, &update)) {
+      if (!client_gone && context->IsCancelled()) {
+        client_gone = true;
+        (*handle)->Cancel(FinishReason::kCancelled);
+      }
+      continue;
+    }
+    v1::GenerateResponse response;
+    for (const GeneratedToken& token : update.tokens) {
+      if (text.stopped()) break;
+      v1::Token* out = response.add_tokens();
+      ++tokens_sent;
+      out->set_id(token.id);
+      out->set_logprob(token.logprob);
+      out->set_text(text.Push(token.id));
+      for (const auto& [id, logprob] : token.top_logprobs) {
+        v1::TopLogprob* top = out->add_top_logprobs();
+        top->set_id(id);
+        top->set_text(ValidUtf8(text.Text(id)));
+        top->set_logprob(logprob);
+      }
+      if (text.stopped()) (*handle)->Cancel(FinishReason::kStop);
+    }
+    if (update.finished) {
+      if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      if (!update.status.ok()) return ToGrpc(update.status);
+      // Held-back text (an unfinished character, the start of a stop string that never
+      // completed) rides on the last token; the end of a generation always brings one, except
+      // when the server cancels it.
+      const std::string rest = text.Flush();
+      if (!rest.empty() && response.tokens_size() > 0) {
+        response.mutable_tokens(response.tokens_size() - 1)->mutable_text()->append(rest);
+      }
+      // Stop strings are found here, after the scheduler may already have gone on (or ended for
+      // another reason): what the client saw decides.
+      response.set_finish_reason(text.stopped() ? v1::FINISH_REASON_STOP
+                                                : ToProto(update.finish_reason));
+      v1::Usage* usage = response.mutable_usage();
+      usage->set_prompt_tokens(update.times.prompt_tokens);
+      usage->set_generated_tokens(tokens_sent);
+      usage->set_queue_seconds(absl::ToDoubleSeconds(update.times.queue));
+      usage->set_time_to_first_token_seconds(
+          absl::ToDoubleSeconds(update.times.time_to_first_token));
+      usage->set_total_seconds(absl::ToDoubleSeconds(update.times.total));
+      emit(response);
+      return grpc::Status::OK;
+    }
+    if (response.tokens_size() > 0 && !client_gone && !emit(response)) {
+      client_gone = true;
+      (*handle)->Cancel(FinishReason::kCancelled);
+    }
+  }
+}
+
+grpc::Status TttService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                                  grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  return RunGeneration(context, *request,
+                       [&](v1::GenerateResponse& response) { return writer->Write(response); });
+}
+
+grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                                  v1::CompleteResponse* response) {
+  return RunGeneration(context, *request, [&](v1::GenerateResponse& part) {
+    for (v1::Token& token : *part.mutable_tokens()) {
+      response->mutable_text()->append(token.text());
+      *response->add_tokens() = std::move(token);
+    }
+    if (part.has_usage()) {
+      response->set_finish_reason(part.finish_reason());
+      *response->mutable_usage() = part.usage();
+    }
+    return true;
+  });
 }
 
 // ---- Sessions ---------------------------------------------------------------------------------

@@ -8,26 +8,20 @@
 #include "server/metrics/metrics.h"
 #include "server/model/model.h"
 #include "server/scheduler/scheduler.h"
-#include "server/util/worker_pool.h"
 #include "ttt/v1/ttt.grpc.pb.h"
 
 namespace ttt {
 
-// Generate and Complete run on gRPC's callback API: a call waiting for tokens holds no thread,
-// and learns at once when its client goes away. The other calls are short and synchronous.
-class TttService final
-    : public v1::TttService::WithCallbackMethod_Generate<
-          v1::TttService::WithCallbackMethod_Complete<v1::TttService::Service>> {
+class TttService final : public v1::TttService::Service {
  public:
   // Until Ready is called (the model is loading) every call answers UNAVAILABLE.
-  TttService();
+  TttService() = default;
   void Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     v1::CompleteResponse* response) override;
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        v1::CompleteResponse* response) override;
   grpc::Status CreateSession(grpc::ServerContext* context, const v1::CreateSessionRequest* request,
                              v1::Session* response) override;
   grpc::Status ForkSession(grpc::ServerContext* context, const v1::ForkSessionRequest* request,
@@ -55,16 +49,13 @@ class TttService final
   };
   // The loaded model, or UNAVAILABLE while loading.
   absl::StatusOr<const Backend*> backend() const;
-  // A request handed to the scheduler, and how its tokens become text.
-  struct StartedGeneration;
-  absl::StatusOr<StartedGeneration> StartGeneration(const grpc::CallbackServerContext& context,
-                                                    const v1::GenerateRequest& request);
+  // Runs a generation, calling `emit` for each batch of tokens; returns its end.
+  grpc::Status RunGeneration(
+      grpc::ServerContext* context, const v1::GenerateRequest& request,
+      const std::function<bool(v1::GenerateResponse&)>& emit);
 
   std::unique_ptr<Backend> backend_storage_;
   std::atomic<const Backend*> backend_{nullptr};
-  // Turn the scheduler's news into responses and hand them to gRPC, off the scheduler's single
-  // delivery thread, which serves every stream.
-  WorkerPool responders_;
 };
 
 }  // namespace ttt

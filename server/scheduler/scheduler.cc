@@ -16,29 +16,14 @@ namespace ttt {
 
 // ---- GenerationHandle -------------------------------------------------------------------------
 
-bool GenerationHandle::TakeNews(GenerationUpdate* update) {
+bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update) {
   absl::MutexLock lock(&mutex_);
+  mutex_.AwaitWithTimeout(absl::Condition(&has_news_), timeout);
   if (!has_news_) return false;
   *update = std::move(pending_);
   pending_ = GenerationUpdate();
   has_news_ = false;
   return true;
-}
-
-void GenerationHandle::SetListener(std::function<void()> listener) {
-  bool has_news;
-  {
-    absl::MutexLock lock(&mutex_);
-    has_news = has_news_;
-  }
-  absl::MutexLock lock(&listener_mutex_);
-  listener_ = std::move(listener);
-  if (has_news && listener_) listener_();
-}
-
-void GenerationHandle::Notify() {
-  absl::MutexLock lock(&listener_mutex_);
-  if (listener_) listener_();
 }
 
 void GenerationHandle::Cancel(FinishReason reason) {
@@ -49,26 +34,20 @@ void GenerationHandle::Cancel(FinishReason reason) {
 }
 
 void GenerationHandle::Push(std::vector<GeneratedToken> tokens) {
-  {
-    absl::MutexLock lock(&mutex_);
-    for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
-    has_news_ = true;
-  }
-  Notify();
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  has_news_ = true;
 }
 
 void GenerationHandle::Finish(std::vector<GeneratedToken> tokens, FinishReason reason,
                               absl::Status status, const GenerationTimes& times) {
-  {
-    absl::MutexLock lock(&mutex_);
-    for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
-    pending_.finished = true;
-    pending_.finish_reason = reason;
-    pending_.status = std::move(status);
-    pending_.times = times;
-    has_news_ = true;
-  }
-  Notify();
+  absl::MutexLock lock(&mutex_);
+  for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
+  pending_.finished = true;
+  pending_.finish_reason = reason;
+  pending_.status = std::move(status);
+  pending_.times = times;
+  has_news_ = true;
 }
 
 bool GenerationHandle::cancel_requested(FinishReason* reason) {
@@ -283,11 +262,7 @@ void Scheduler::Loop() {
     ChargeTime(SchedulerPhase::kLaunch);
     if (in_flight_.size() > 1 || (!launched && !in_flight_.empty())) CompleteStep();
     ReleaseFinished();
-    if (!outbox_.empty()) {
-      delivery_.Post([batch = std::exchange(outbox_, {})] {
-        for (const std::function<void()>& deliver : batch) deliver();
-      });
-    }
+    delivery_.Post(std::exchange(outbox_, {}));
     ChargeTime(SchedulerPhase::kRelease);
   }
 }

@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "server/engine/engine.h"
 #include "server/engine/sampler.h"
-#include "server/util/worker_pool.h"
+#include "server/scheduler/delivery_thread.h"
 
 namespace ttt {
 
@@ -80,12 +80,8 @@ struct GenerationUpdate {
 // The link between a request's caller and the scheduler.
 class GenerationHandle {
  public:
-  // Takes what has arrived since the last call, without waiting; false when nothing has.
-  bool TakeNews(GenerationUpdate* update);
-  // `listener` is called, on the scheduler's delivery thread, whenever news arrives; if some is
-  // already waiting, once now too. It must return quickly. Setting another (or none) returns
-  // once no call of the previous one is running.
-  void SetListener(std::function<void()> listener);
+  // Waits up to `timeout` for news; false when there is none yet.
+  bool Next(absl::Duration timeout, GenerationUpdate* update);
   // Asks the scheduler to stop this request at its next step: kStop (the caller saw a stop
   // string) or kCancelled (the caller went away: its slot is freed).
   void Cancel(FinishReason reason);
@@ -97,17 +93,12 @@ class GenerationHandle {
   void Finish(std::vector<GeneratedToken> tokens, FinishReason reason, absl::Status status,
               const GenerationTimes& times);
   bool cancel_requested(FinishReason* reason);
-  void Notify();
 
   absl::Mutex mutex_;
   GenerationUpdate pending_ ABSL_GUARDED_BY(mutex_);
   bool has_news_ ABSL_GUARDED_BY(mutex_) = false;
   std::atomic<bool> cancel_ = false;  // Set (under mutex_) after cancel_reason_.
   FinishReason cancel_reason_ ABSL_GUARDED_BY(mutex_) = FinishReason::kCancelled;
-  // Held while the listener runs (which may take mutex_), so that replacing it waits for the
-  // call in progress.
-  absl::Mutex listener_mutex_;
-  std::function<void()> listener_ ABSL_GUARDED_BY(listener_mutex_);
 };
 
 enum class SessionTier { kEngine, kHost };
@@ -227,13 +218,9 @@ class Scheduler {
   uint64_t next_step_id_ = 1;
   absl::Time previous_step_end_;  // When the latest step was collected.
   // Hand-offs to callers produced by the current step, posted to `delivery_` when it ends.
-  std::vector<std::function<void()>> outbox_;
+  std::vector<DeliveryThread::Delivery> outbox_;
 
-  // Runs the hand-offs, in the order posted, on a thread of its own: waking a caller costs a few
-  // microseconds, and for hundreds of streams a step that is time the scheduler would otherwise
-  // spend between engine steps instead of during them. Outlives the scheduler thread, which
-  // posts to it.
-  WorkerPool delivery_{1, "ttt-delivery"};
+  DeliveryThread delivery_;  // Outlives the scheduler thread, which posts to it.
   std::thread thread_;
 };
 

@@ -424,50 +424,6 @@ TEST_F(ServerTest, CancellationFreesTheSlot) {
   EXPECT_EQ(server_->scheduler().Stats().slots_used, 0);
 }
 
-// Streams waiting for a slot (or for their next token) hold no thread of the server's: a
-// thousand clients cost the server no more threads than one.
-TEST_F(ServerTest, WaitingStreamsHoldNoThreads) {
-  Start({.model_dir = "", .max_sequences = 1, .scheduler = {}});
-  auto threads = [] {
-    return std::distance(std::filesystem::directory_iterator("/proc/self/task"),
-                         std::filesystem::directory_iterator());
-  };
-  grpc::ClientContext hog_context;
-  auto hog = server_->stub().Generate(&hog_context, GreedyRequest({1, 2}, 1'000'000));
-  v1::GenerateResponse response;
-  ASSERT_TRUE(hog->Read(&response));
-  const auto threads_with_one_stream = threads();
-  constexpr int kWaiting = 256;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> waiting;
-  for (int i = 0; i < kWaiting; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    waiting.push_back(server_->stub().Generate(contexts.back().get(), GreedyRequest({3}, 2)));
-  }
-  for (int i = 0; i < 500 && server_->scheduler().Stats().waiting < kWaiting; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  ASSERT_EQ(server_->scheduler().Stats().waiting, kWaiting);
-  EXPECT_LT(threads() - threads_with_one_stream, 16)
-      << "threads: " << threads_with_one_stream << " with one stream, " << threads() << " with "
-      << kWaiting + 1;
-  // A waiting stream cancelled ends at once; the others still run once the slot is free.
-  contexts.front()->TryCancel();
-  while (waiting.front()->Read(&response)) {
-  }
-  EXPECT_EQ(waiting.front()->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  hog_context.TryCancel();
-  while (hog->Read(&response)) {
-  }
-  hog->Finish();
-  for (int i = 1; i < kWaiting; ++i) {
-    int tokens = 0;
-    while (waiting[i]->Read(&response)) tokens += response.tokens_size();
-    EXPECT_TRUE(waiting[i]->Finish().ok());
-    EXPECT_EQ(tokens, 2);
-  }
-}
-
 TEST_F(ServerTest, DeadlinesAreHonouredWhileGeneratingAndWhileQueued) {
   Start({.model_dir = "", .max_sequences = 1, .scheduler = {}});
   const Streamed running =
