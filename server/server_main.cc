@@ -44,6 +44,9 @@ ABSL_FLAG(
 ABSL_FLAG(double, state_pool_fraction, 0.5, "CUDA: share of free GPU memory for sequence states.");
 ABSL_FLAG(int64_t, max_waiting, 1024, "Waiting requests beyond this get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, prefill_tokens_per_step, 2048, "Prompt tokens processed per engine step.");
+ABSL_FLAG(int64_t, max_join_wait_steps, 0,
+          "While sequences decode, steps an arriving request may wait for others to join with it "
+          "(0: none).");
 ABSL_FLAG(std::string, single_sequence_kernel, "auto",
           "CUDA: decode a lone sequence with every layer in one kernel: auto (whichever is faster "
           "for the model, timed at start), on (wherever the model fits it) or off.");
@@ -65,6 +68,30 @@ constexpr int kMinIdleThreads = 8;
 
 void Log(const std::string& line) { std::fprintf(stderr, "ttt-server: %s\n", line.c_str()); }
 
+// Counts below their least meaningful value are refused at start, naming the flag.
+absl::Status CheckCounts() {
+  const struct {
+    const char* flag;
+    int64_t value, least;
+  } counts[] = {
+      {"max_sequences", absl::GetFlag(FLAGS_max_sequences), 0},
+      {"max_waiting", absl::GetFlag(FLAGS_max_waiting), 0},
+      {"prefill_tokens_per_step", absl::GetFlag(FLAGS_prefill_tokens_per_step), 1},
+      {"max_join_wait_steps", absl::GetFlag(FLAGS_max_join_wait_steps), 0},
+      {"max_host_session_bytes", absl::GetFlag(FLAGS_max_host_session_bytes), 0},
+      {"max_context_tokens", absl::GetFlag(FLAGS_max_context_tokens), 0},
+      {"default_max_new_tokens", absl::GetFlag(FLAGS_default_max_new_tokens), 1},
+      {"max_message_bytes", absl::GetFlag(FLAGS_max_message_bytes), 1},
+  };
+  for (const auto& count : counts) {
+    if (count.value < count.least) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(count.flag, ": at least ", count.least, " (got ", count.value, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   // Signals are taken by a waiting thread, not a handler: block them before any thread starts.
   sigset_t signals;
@@ -73,6 +100,7 @@ absl::Status Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  TTT_RETURN_IF_ERROR(CheckCounts());
   std::string model_dir = absl::GetFlag(FLAGS_model);
   if (model_dir.empty()) model_dir = DefaultModelDir();
   TTT_ASSIGN_OR_RETURN(WeightPrecision precision,
@@ -139,6 +167,7 @@ absl::Status Run() {
   Scheduler scheduler(std::move(engine),
                       {.max_waiting = absl::GetFlag(FLAGS_max_waiting),
                        .prefill_tokens_per_step = absl::GetFlag(FLAGS_prefill_tokens_per_step),
+                       .max_join_wait_steps = absl::GetFlag(FLAGS_max_join_wait_steps),
                        .max_host_session_bytes = absl::GetFlag(FLAGS_max_host_session_bytes),
                        .max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens),
                        .default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens)},

@@ -108,6 +108,7 @@ struct Scheduler::Active {
   // client continuing the session right after the end never finds it busy.
   std::function<void()> deliver_finish;
   absl::Time arrival, first_step, first_token, last_token;
+  uint64_t arrival_step = 0;  // The first step it could have joined.
 
   bool prefilling() const { return fed < spec.prompt.size(); }
 };
@@ -238,6 +239,7 @@ void Scheduler::Loop() {
       tasks.swap(tasks_);
       while (!incoming_.empty()) {
         waiting_.push_back(std::move(incoming_.front()));
+        waiting_.back()->arrival_step = next_step_id_;
         incoming_.pop_front();
       }
       std::swap(cancel_all, cancel_all_);
@@ -427,6 +429,7 @@ void Scheduler::Prepare() {
   }
 
   // Admission, first come first served.
+  if (waiting_.empty() || !JoinNow()) return;
   while (!waiting_.empty()) {
     Active& active = *waiting_.front();
     absl::StatusOr<SequenceSlot> slot = Admit(active);
@@ -444,6 +447,22 @@ void Scheduler::Prepare() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+}
+
+bool Scheduler::JoinNow() const {
+  int64_t decoding = 0;
+  bool takes_prompts = false;
+  for (const auto& active : running_) {
+    if (active->finish) continue;
+    if (active->prefilling()) {
+      takes_prompts = true;
+    } else {
+      ++decoding;
+    }
+  }
+  const uint64_t waited = next_step_id_ - waiting_.front()->arrival_step;
+  return decoding == 0 || takes_prompts || static_cast<int64_t>(waiting_.size()) >= decoding ||
+         waited >= static_cast<uint64_t>(options_.max_join_wait_steps);
 }
 
 bool Scheduler::SamplesOnHost(const GenerationSpec& spec) {

@@ -32,6 +32,12 @@ enum class SchedulerPhase;
 struct SchedulerOptions {
   int64_t max_waiting = 1024;            // Waiting requests beyond this: RESOURCE_EXHAUSTED.
   int64_t prefill_tokens_per_step = 2048;  // Prefill budget of one step.
+  // While sequences decode, an arriving request waits up to this many steps for others to join
+  // with it (0: it joins at the next step). A step that takes prompts costs much more than a
+  // decode step whatever their number (bench/README.md, v65), so one such step for several
+  // arrivals costs less than one each. Arrivals join at once when nothing decodes, when the next
+  // step takes prompts anyway, or when they are as many as the sequences decoding.
+  int64_t max_join_wait_steps = 0;
   int64_t max_host_session_bytes = int64_t{8} << 30;  // Evicted sessions kept in host memory.
   int64_t max_context_tokens = 0;        // 0: no limit.
   int32_t default_max_new_tokens = 256;
@@ -169,6 +175,8 @@ class Scheduler {
   // Whether the next step may be queued behind the newest in flight, taking its tokens on the
   // engine: not when either samples on the host.
   bool CanQueueBehindStepInFlight() const;
+  // Whether the waiting requests join the running ones in the next step (max_join_wait_steps).
+  bool JoinNow() const;
   // Whether a request's tokens are chosen on the host, from the logits.
   static bool SamplesOnHost(const GenerationSpec& spec);
   // Adds the time since the previous call to `phase` in the metrics.

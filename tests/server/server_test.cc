@@ -519,6 +519,97 @@ TEST_F(ServerTest, ALongPromptDoesNotStallRunningStreams) {
   stream->Finish();
 }
 
+// Streams that decode until they are cancelled, each read on a thread of its own (a stream left
+// unread would soon hold the connection's flow-control window, and every other call with it).
+// They start in groups as large as the streams already decoding (1, 1, 2, 4...): a scheduler
+// holding arrivals to join together lets such a group in at once.
+class DecodingStreams {
+ public:
+  DecodingStreams(v1::TttService::Stub& stub, int count) {
+    while (static_cast<int>(streams_.size()) < count) {
+      const int group = std::min<int>(std::max<size_t>(streams_.size(), 1), count - streams_.size());
+      std::latch decoding(group);
+      for (int s = 0; s < group; ++s) {
+        Stream& stream = *streams_.emplace_back(std::make_unique<Stream>());
+        stream.reader = stub.Generate(&stream.context, GreedyRequest({1, 2, 3}, 1'000'000));
+        stream.thread = std::thread([&stream, &decoding] {
+          v1::GenerateResponse response;
+          bool first = true;
+          while (stream.reader->Read(&response)) {
+            stream.tokens += response.tokens_size();
+            if (std::exchange(first, false)) decoding.count_down();
+          }
+          if (first) decoding.count_down();
+          stream.reader->Finish();
+        });
+      }
+      decoding.wait();  // Each stream of the group has a token: each decodes.
+    }
+  }
+  ~DecodingStreams() {
+    for (auto& stream : streams_) stream->context.TryCancel();
+    for (auto& stream : streams_) stream->thread.join();
+  }
+  int64_t tokens(int s) const { return streams_[s]->tokens; }
+
+ private:
+  struct Stream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+    std::atomic<int64_t> tokens = 0;
+    std::thread thread;
+  };
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+// While sequences decode, arrivals are held to join together: a step that takes prompts costs
+// much more than a decode step. With the wait bound out of reach, three requests arriving one by
+// one behind four decoding streams wait; the fourth makes them as many as the streams, and all
+// four join in one step with prompts.
+TEST_F(ServerTest, ArrivalsWhileOthersDecodeJoinTogether) {
+  Start({.model_dir = "", .max_sequences = 16, .scheduler = {.max_join_wait_steps = 1'000'000}});
+  constexpr int kStreams = 4;
+  DecodingStreams streams(server_->stub(), kStreams);
+  auto steps_with_prompts = [&] {
+    return testing::MetricValue(server_->ScrapeMetrics(),
+                                "ttt_step_duration_seconds_count{phase=\"prefill\"}");
+  };
+  const double before = steps_with_prompts();
+
+  std::vector<Streamed> results(kStreams);
+  std::vector<std::thread> arrivals;
+  auto arrive = [&](int r) {
+    arrivals.emplace_back([&, r] {
+      results[r] = Generate(server_->stub(), GreedyRequest({5, 6, 7, 8 + r}, 2));
+    });
+  };
+  for (int r = 0; r + 1 < kStreams; ++r) {
+    arrive(r);
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(server_->scheduler().Stats().waiting, kStreams - 1);
+  arrive(kStreams - 1);
+  for (std::thread& arrival : arrivals) arrival.join();
+  for (int r = 0; r < kStreams; ++r) {
+    ASSERT_TRUE(results[r].status.ok()) << results[r].status.error_message();
+    EXPECT_EQ(results[r].ids, EngineGreedy(model(), {5, 6, 7, 8 + r}, 2)) << "request " << r;
+  }
+  EXPECT_EQ(steps_with_prompts() - before, 1);
+}
+
+// A lone arrival behind four decoding streams joins once it has waited its bound of steps (each
+// of which gives the streams a token).
+TEST_F(ServerTest, ALoneArrivalJoinsOnceItHasWaitedItsBound) {
+  Start({.model_dir = "", .max_sequences = 16, .scheduler = {.max_join_wait_steps = 200}});
+  DecodingStreams streams(server_->stub(), 4);
+  const int64_t before = streams.tokens(0);
+  const Streamed lone = Generate(server_->stub(), GreedyRequest({5, 6, 7}, 2));
+  ASSERT_TRUE(lone.status.ok()) << lone.status.error_message();
+  EXPECT_EQ(lone.ids, EngineGreedy(model(), {5, 6, 7}, 2));
+  // 200 steps, less the few tokens that may still be on their way to the reader.
+  EXPECT_GE(streams.tokens(0) - before, 150);
+}
+
 TEST_F(ServerTest, InvalidRequestsNameTheField) {
   Start();
   struct Case {
