@@ -23,20 +23,14 @@ server_cpus=(); [ -n "${SERVER_CPUS:-}" ] && server_cpus=(taskset -c "$SERVER_CP
 loadgen_cpus=(); [ -n "${LOADGEN_CPUS:-}" ] && loadgen_cpus=(taskset -c "$LOADGEN_CPUS")
 output_tokens="$tokens"; [[ $tokens == *:* ]] || output_tokens="fixed:$tokens"
 prompt_tokens="${PROMPT_TOKENS:-fixed:16}"
+source "$(dirname "$0")/start_server.sh"
 work=$(mktemp -d)
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill ${server:-} 2>/dev/null || true; rm -rf "$work"' EXIT
 "$build/server/ttt-random-model" --preset "$preset" --out "$work/model"
-"${server_cpus[@]}" "$server_binary" --model "$work/model" --host 127.0.0.1 --port 0 \
-  --metrics-port "$metrics_port" --max-sequences $((streams + 16)) \
-  --max-waiting $((4 * streams)) ${SERVER_ARGS:-} 2> "$work/server.log" &
-server=$!
-port=""
-for _ in $(seq 600); do
-  port=$(sed -n 's/.*serving model .* on port \([0-9]*\) .*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.log"; exit 1; }
+# shellcheck disable=SC2086  # SERVER_ARGS is a list of flags.
+start_server "$work/server.log" "${server_cpus[@]}" "$server_binary" --model "$work/model" \
+  --host 127.0.0.1 --port 0 --metrics-port "$metrics_port" --max-sequences $((streams + 16)) \
+  --max-waiting $((4 * streams)) ${SERVER_ARGS:-}
 # Warm up: connections, threads, and whatever the engine did not prepare at start.
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
   --requests "$streams" --prompt-tokens fixed:16 --output-tokens fixed:32 --progress=false \

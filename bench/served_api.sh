@@ -10,19 +10,12 @@ set -euo pipefail
 build="$1"; streams="${2:-256}"; slots="${3:-$streams}"; connections="${4:-1}"
 server_binary="${SERVER:-$build/server/ttt-server}"
 root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/bench/start_server.sh"
 work=$(mktemp -d)
-trap 'kill $server 2>/dev/null || true; rm -rf "$work"' EXIT
-"$server_binary" --model "$root/tests/data/golden/tiny-linear-m" --backend cpu --host 127.0.0.1 \
-  --port 0 --metrics-port -1 --max-sequences "$slots" --max-waiting "$streams" \
-  2> "$work/server.log" &
-server=$!
-port=""
-for _ in $(seq 300); do
-  port=$(sed -n 's/.*serving model .* on port \([0-9]*\) .*/\1/p' "$work/server.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.log"; exit 1; }
+trap 'kill ${server:-} 2>/dev/null || true; rm -rf "$work"' EXIT
+start_server "$work/server.log" "$server_binary" --model "$root/tests/data/golden/tiny-linear-m" \
+  --backend cpu --host 127.0.0.1 --port 0 --metrics-port -1 --max-sequences "$slots" \
+  --max-waiting "$streams"
 server_cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$server/stat"; }
 cpu_before=$(server_cpu)
 "$build/client/ttt-loadgen" --server "127.0.0.1:$port" --concurrency "$streams" \
