@@ -526,8 +526,8 @@ TEST_F(ServerTest, ALongPromptDoesNotStallRunningStreams) {
 class DecodingStreams {
  public:
   DecodingStreams(v1::TttService::Stub& stub, int count) {
-    while (static_cast<int>(streams_.size()) < count) {
-      const int group = std::min<int>(std::max<size_t>(streams_.size(), 1), count - streams_.size());
+    for (int started = 0; started < count; started = static_cast<int>(streams_.size())) {
+      const int group = std::min(std::max(started, 1), count - started);
       std::latch decoding(group);
       for (int s = 0; s < group; ++s) {
         Stream& stream = *streams_.emplace_back(std::make_unique<Stream>());
@@ -583,10 +583,16 @@ TEST_F(ServerTest, ArrivalsWhileOthersDecodeJoinTogether) {
       results[r] = Generate(server_->stub(), GreedyRequest({5, 6, 7, 8 + r}, 2));
     });
   };
+  // Each arrival is seen waiting before the next comes (the scheduler's figures, updated each
+  // step); none of them joins.
   for (int r = 0; r + 1 < kStreams; ++r) {
     arrive(r);
-    absl::SleepFor(absl::Milliseconds(50));
+    for (int i = 0; i < 500 && server_->scheduler().Stats().waiting < r + 1; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(server_->scheduler().Stats().waiting, r + 1);
   }
+  absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(server_->scheduler().Stats().waiting, kStreams - 1);
   arrive(kStreams - 1);
   for (std::thread& arrival : arrivals) arrival.join();
