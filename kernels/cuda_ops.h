@@ -56,12 +56,13 @@ cudaError_t RmsNorm(const float* x, int rows, int D, const float* weight, float 
 // h += CausalConv(x), x being RMSNorm(h) with the pre-conv's weight, the conv depthwise over each
 // segment's rows continuing its sequence's history (history_offset within the layer's state,
 // [ck−1, D]; AdvanceConvHistory advances it after); then y = RMSNorm(h) with `next_norm_weight`
-// and `eps`, as RmsNorm writes it. `row_segment` maps row → segment index.
+// and `eps`, as RmsNorm writes it. `row_segment` maps row → segment index. With
+// `skip_one_row_segments` the rows of one-row segments are left to PreConvDecode.
 cudaError_t PreConvRows(const float* x, int rows, int D, const float* conv_weight,
                         const float* conv_bias, int ck, const Segment* segments,
                         const int32_t* row_segment, StateAddress state, size_t history_offset,
                         float* h, float eps, const float* next_norm_weight, void* y,
-                        ElementType y_type, cudaStream_t stream);
+                        ElementType y_type, bool skip_one_row_segments, cudaStream_t stream);
 
 // Appends each segment's rows of x (row stride ld) to its history, after every conv reading that
 // history has run.
@@ -69,13 +70,16 @@ cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int
                                const Segment* segments, StateAddress state, size_t history_offset,
                                cudaStream_t stream);
 
-// Decode form of the pre-conv sub-block and the RMSNorm after it, for batches whose segments
-// have at most one row each (row b is segment b): h += CausalConv(RMSNorm(h)), the history
-// rewritten in place, then y = RMSNorm(h) with `next_norm_weight` and the same eps, as RmsNorm
-// writes it. Segments with no row (padding) change no state.
-cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, float eps,
-                          const float* conv_weight, const float* conv_bias, int ck,
-                          const Segment* segments, StateAddress state, size_t history_offset,
+// Decode form of the pre-conv sub-block and the RMSNorm after it, for segments of at most one
+// row each: h += CausalConv(RMSNorm(h)), the history rewritten in place, then y = RMSNorm(h)
+// with `next_norm_weight` and the same eps, as RmsNorm writes it. Row b is segment b (a decode
+// step; a segment with no row is padding, whose row is computed and whose state is not
+// changed), or, with `segment_rows`, each segment's own row (the decode rows of a step that
+// mixes prompts in; a segment with no row is skipped).
+cudaError_t PreConvDecode(float* h, int num_segments, bool segment_rows, int D,
+                          const float* norm_weight, float eps, const float* conv_weight,
+                          const float* conv_bias, int ck, const Segment* segments,
+                          StateAddress state, size_t history_offset,
                           const float* next_norm_weight, void* y, ElementType y_type,
                           cudaStream_t stream);
 // Where the TTT layer's inputs sit in a row of the fused input projection

@@ -15,11 +15,12 @@ __global__ void __launch_bounds__(1024)
     PreConvRowsKernel(const float* x, int D, const float* w, const float* b, int ck,
                       const Segment* segments, const int32_t* row_segment, StateAddress state,
                       size_t history_offset, float* h, float eps, const float* next_norm_w, void* y,
-                      ElementType y_type) {
+                      ElementType y_type, bool skip_one_row_segments) {
   __shared__ float scratch[kWarp];
   WaitForPreviousKernel();
   const int row = blockIdx.x;
   const Segment seg = segments[row_segment[row]];
+  if (skip_one_row_segments && seg.count == 1) return;
   const float* history = SequenceState(state, seg.slot) + history_offset;
   const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
   const int64_t base = static_cast<int64_t>(row) * D;
@@ -73,13 +74,14 @@ __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
 template <int kTaps>
 __global__ void __launch_bounds__(1024)
     PreConvDecodeKernel(float* h, int D, const float* norm_w, float eps, const float* w,
-                        const float* b, int ck, const Segment* segments, StateAddress state,
-                        size_t history_offset, const float* next_norm_w, void* y,
-                        ElementType y_type) {
+                        const float* b, int ck, const Segment* segments, bool segment_rows,
+                        StateAddress state, size_t history_offset, const float* next_norm_w,
+                        void* y, ElementType y_type) {
   __shared__ float scratch[kWarp];
   const Segment seg = segments[blockIdx.x];
   const bool live = seg.count > 0;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
+  if (segment_rows && !live) return;
+  const int64_t base = static_cast<int64_t>(segment_rows ? seg.row : blockIdx.x) * D;
   float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
   const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
   // What the conv and the next norm read after the first reduction is on its way while the
@@ -136,13 +138,14 @@ __global__ void __launch_bounds__(1024)
 // general form's order of operations; only the row sums add in another order.
 __global__ void __launch_bounds__(1024)
     PreConvDecodeFourTapsKernel(float* h, int D, const float* norm_w, float eps, const float* w,
-                                const float* b, const Segment* segments, StateAddress state,
-                                size_t history_offset, const float* next_norm_w, void* y,
-                                ElementType y_type) {
+                                const float* b, const Segment* segments, bool segment_rows,
+                                StateAddress state, size_t history_offset,
+                                const float* next_norm_w, void* y, ElementType y_type) {
   __shared__ float scratch[kWarp];
   const Segment seg = segments[blockIdx.x];
   const bool live = seg.count > 0;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * D;
+  if (segment_rows && !live) return;
+  const int64_t base = static_cast<int64_t>(segment_rows ? seg.row : blockIdx.x) * D;
   float* history = live ? SequenceState(state, seg.slot) + history_offset : nullptr;
   const int c = 4 * threadIdx.x, oldest = HistoryRow(seg.start, 3);
   const bool owner = c < D;
@@ -248,11 +251,12 @@ cudaError_t PreConvRows(const float* x, int rows, int D, const float* conv_weigh
                         const float* conv_bias, int ck, const Segment* segments,
                         const int32_t* row_segment, StateAddress state, size_t history_offset,
                         float* h, float eps, const float* next_norm_weight, void* y,
-                        ElementType y_type, cudaStream_t stream) {
+                        ElementType y_type, bool skip_one_row_segments, cudaStream_t stream) {
   if (D > kMaxRowWidth || ck > kMaxTaps) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   return Launch(PreConvRowsKernel, rows, RowThreads(D), 0, stream, x, D, conv_weight, conv_bias, ck,
-                segments, row_segment, state, history_offset, h, eps, next_norm_weight, y, y_type);
+                segments, row_segment, state, history_offset, h, eps, next_norm_weight, y, y_type,
+                skip_one_row_segments);
 }
 
 cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int D, int ck,
@@ -264,13 +268,14 @@ cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int
                 state, history_offset);
 }
 
-cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, float eps,
-                          const float* conv_weight, const float* conv_bias, int ck,
-                          const Segment* segments, StateAddress state, size_t history_offset,
+cudaError_t PreConvDecode(float* h, int num_segments, bool segment_rows, int D,
+                          const float* norm_weight, float eps, const float* conv_weight,
+                          const float* conv_bias, int ck, const Segment* segments,
+                          StateAddress state, size_t history_offset,
                           const float* next_norm_weight, void* y, ElementType y_type,
                           cudaStream_t stream) {
   if (ck - 1 > kMaxHistory || D > kMaxRowWidth) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
+  if (num_segments == 0) return cudaSuccess;
   const bool quads = ck == 4 && D % 4 == 0 && D / 4 <= 1024 && history_offset % 4 == 0 &&
                      Aligned16(state.states) && state.slot_floats % 4 == 0 &&
                      state.layer_offset % 4 == 0 && Aligned16(h) && Aligned16(norm_weight) &&
@@ -284,14 +289,15 @@ cudaError_t PreConvDecode(float* h, int rows, int D, const float* norm_weight, f
                              cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared);
     if (carveout != cudaSuccess) return carveout;
-    return Launch(PreConvDecodeFourTapsKernel, rows, RoundUpToWarp(D / 4), 0, stream, h, D,
-                  norm_weight, eps, conv_weight, conv_bias, segments, state, history_offset,
-                  next_norm_weight, y, y_type);
+    return Launch(PreConvDecodeFourTapsKernel, num_segments, RoundUpToWarp(D / 4), 0, stream, h,
+                  D, norm_weight, eps, conv_weight, conv_bias, segments, segment_rows, state,
+                  history_offset, next_norm_weight, y, y_type);
   }
   auto* kernel =
       ck <= kCommonTaps ? PreConvDecodeKernel<kCommonTaps> : PreConvDecodeKernel<kMaxTaps>;
-  return Launch(kernel, rows, RowThreads(D), 0, stream, h, D, norm_weight, eps, conv_weight,
-                conv_bias, ck, segments, state, history_offset, next_norm_weight, y, y_type);
+  return Launch(kernel, num_segments, RowThreads(D), 0, stream, h, D, norm_weight, eps, conv_weight,
+                conv_bias, ck, segments, segment_rows, state, history_offset, next_norm_weight, y,
+                y_type);
 }
 
 cudaError_t PrepareTttInputs(const TttProjectionInputs& inputs, int rows, int nh, int f, int K,

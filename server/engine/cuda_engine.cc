@@ -1189,21 +1189,30 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                layout_.layer_offset(layer)};
   float* h = s.h.get<float>();
 
+  // The step's segments again, in the order the TTT kernels take them (StageDecodeOrder): the
+  // decode segments first, then the scanned ones.
+  const cu::Segment* ordered = segments + num_segments;
+
   // The TTT layer's inputs (spec §3.2–3.4): one GEMM for every projection of x (normed), then
   // the convs, RoPE and the step sizes.
   if (c.pre_conv && one_token_each) {
-    TTT_CUDA(cu::PreConvDecode(h, rows, D, w.conv_norm, rms_eps, w.conv_w, w.conv_b, ck, segments,
-                               state, layout_.conv_pre, w.seq_norm, s.x.get(), gemm_type(),
-                               stream_));
+    TTT_CUDA(cu::PreConvDecode(h, rows, /*segment_rows=*/false, D, w.conv_norm, rms_eps, w.conv_w,
+                               w.conv_b, ck, segments, state, layout_.conv_pre, w.seq_norm,
+                               s.x.get(), gemm_type(), stream_));
   } else if (c.pre_conv) {
+    // The prompts' rows through the general form, the decode rows through the decode form: a
+    // step with one prompt joining then pays for that prompt's rows, not for all of them.
     float* normed = s.conv_in.get<float>();
     TTT_CUDA(
         cu::RmsNorm(h, rows, D, w.conv_norm, rms_eps, normed, cu::ElementType::kFloat32, stream_));
     TTT_CUDA(cu::PreConvRows(normed, rows, D, w.conv_w, w.conv_b, ck, segments, row_segment, state,
                              layout_.conv_pre, h, rms_eps, w.seq_norm, s.x.get(), gemm_type(),
-                             stream_));
-    TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments, D, ck, segments, state,
-                                    layout_.conv_pre, stream_));
+                             /*skip_one_row_segments=*/true, stream_));
+    TTT_CUDA(cu::PreConvDecode(h, decode_segments, /*segment_rows=*/true, D, w.conv_norm, rms_eps,
+                               w.conv_w, w.conv_b, ck, ordered, state, layout_.conv_pre,
+                               w.seq_norm, s.x.get(), gemm_type(), stream_));
+    TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments - decode_segments, D, ck,
+                                    ordered + decode_segments, state, layout_.conv_pre, stream_));
   } else {
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
@@ -1219,9 +1228,6 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const cu::TttScanParams params = TttParams(layer);
   const cu::TttStateOffsets offsets = TttOffsets();
   float* ttt_out = s.ttt_out.get<float>();
-  // The step's segments again, in the order the kernels take them (StageDecodeOrder): the
-  // decode segments first, then the scanned ones.
-  const cu::Segment* ordered = segments + num_segments;
   const bool decode_kernel =
       decode_segments > 0 && cu::TttDecodeFits(params, inputs, state, offsets);
   if (one_token_each && decode_kernel) {
