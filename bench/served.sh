@@ -86,7 +86,8 @@ awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/time
 # over the run.
 awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
   -v wall="$wall" -v sched="$scheduler_before $scheduler_after" '
-  /^ttt_step_(duration|device)_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ {
+  /^ttt_step_(duration|device)_seconds_(count|sum)\{|^ttt_scheduler_seconds_total\{/ ||
+  /^ttt_(batch_size|time_to_first_token_seconds|request_queue_time_seconds)_(count|sum) / {
     v[$1] += (FILENAME == ARGV[1] ? -$2 : $2) }
   END {
     d = v["ttt_step_duration_seconds_count{phase=\"decode\"}"]
@@ -97,6 +98,11 @@ awk -v b=$((busy_after - busy_before)) -v t=$((total_after - total_before)) \
       p, p ? 1e3 * v["ttt_step_duration_seconds_sum{phase=\"prefill\"}"] / p : 0,
       p ? 1e3 * v["ttt_step_device_seconds_sum{phase=\"prefill\"}"] / p : 0,
       1e3 * wall / (d + p), 100 * b / t
+    n = v["ttt_time_to_first_token_seconds_count"]
+    printf "requests, as the server saw them: %.1f sequences a step; %.2f ms to the first token, %.2f of it waiting to join (means)\n",
+      v["ttt_batch_size_sum"] / v["ttt_batch_size_count"],
+      n ? 1e3 * v["ttt_time_to_first_token_seconds_sum"] / n : 0,
+      n ? 1e3 * v["ttt_request_queue_time_seconds_sum"] / n : 0
     printf "scheduler thread, ms per step:"
     for (k in v) if (k ~ /^ttt_scheduler_seconds_total/) {
       split(k, q, "\""); printf " %s %.3f", q[2], 1e3 * v[k] / (d + p) }
