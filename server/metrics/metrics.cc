@@ -58,8 +58,9 @@ Metrics::Metrics(std::string engine_tier)
                                    kInterTokenBuckets);
   e2e_latency_ = histogram("ttt_e2e_request_latency_seconds",
                            "Seconds from a request's arrival to its end.", kRequestBuckets);
+  // A part of the time to the first token, so in its buckets: milliseconds matter here.
   queue_time_ = histogram("ttt_request_queue_time_seconds",
-                          "Seconds a request waited before its first step.", kRequestBuckets);
+                          "Seconds a request waited before its first step.", kTtftBuckets);
   batch_size_ = histogram("ttt_batch_size", "Sequences in one engine step.", kBatchBuckets);
   step_duration_ = &BuildHistogram()
                         .Name("ttt_step_duration_seconds")
