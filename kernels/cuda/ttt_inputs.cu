@@ -69,8 +69,9 @@ __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
   }
 }
 
-// One block per row (= segment, at most one token each): RMSNorm, conv over the history,
-// residual, then the next RMSNorm of the new row. The row stays in registers (as RmsNormKernel).
+// One block per segment of at most one row (row b, or the segment's own row with
+// `segment_rows`): RMSNorm, conv over the history, residual, then the next RMSNorm of the new
+// row. The row stays in registers (as RmsNormKernel).
 template <int kTaps>
 __global__ void __launch_bounds__(1024)
     PreConvDecodeKernel(float* h, int D, const float* norm_w, float eps, const float* w,
