@@ -107,7 +107,7 @@ class LoadGenerator {
     timing->start = timing->last = Clock::now();
     client.GenerateAsync(
         request,
-        [timing](const v1::GenerateResponse& r) {
+        [this, timing](const v1::GenerateResponse& r) {
           const Clock::time_point now = Clock::now();
           const int n = r.tokens_size();
           if (n == 0) return;
@@ -121,6 +121,7 @@ class LoadGenerator {
           }
           timing->last = now;
           timing->tokens += n;
+          received_.fetch_add(n, std::memory_order_relaxed);
         },
         [this, timing, prompt_length, continues = !session.empty(),
          ended = std::move(ended)](const grpc::Status& status) {
@@ -142,11 +143,14 @@ class LoadGenerator {
   }
 
   Stats& stats() { return stats_; }
+  // Tokens received so far, counted as they arrive (stats() counts a request's at its end).
+  int64_t received() const { return received_.load(std::memory_order_relaxed); }
 
  private:
   const int64_t vocab_;
   const LengthDistribution prompts_, outputs_;
   Stats stats_;
+  std::atomic<int64_t> received_{0};
 };
 
 int Run() {
@@ -228,8 +232,19 @@ int Run() {
     std::string session;  // When requests continue sessions.
   };
   std::vector<std::unique_ptr<Stream>> streams;
+  // Closed loop: the span in which every stream had a request going, from the start until the
+  // first stream runs out of requests. After it the streams end one by one, and with requests of
+  // mixed lengths the last ones run nearly alone: the whole run's rate mixes that drain in, this
+  // span's rate is the server's under full load.
+  std::once_flag full_load_over;
+  Clock::time_point full_load_end;
+  int64_t full_load_tokens = 0;
   std::function<void(Stream&)> next_request = [&](Stream& stream) {
     if (!take_ticket()) {
+      std::call_once(full_load_over, [&] {
+        full_load_end = Clock::now();
+        full_load_tokens = generator.received();
+      });
       one_ended();
       return;
     }
@@ -282,6 +297,9 @@ int Run() {
   Stats& s = generator.stats();
   int64_t errors = 0;
   for (const auto& [code, n] : s.errors) errors += n;
+  const double full_load_s =
+      rate > 0 ? 0 : std::chrono::duration<double>(full_load_end - start).count();
+  const double full_load_rate = full_load_s > 0 ? full_load_tokens / full_load_s : 0;
   nlohmann::json summary = {
       {"server", absl::GetFlag(FLAGS_server)},
       {"model", info.name()},
@@ -300,6 +318,9 @@ int Run() {
       {"prompt_tokens_total", s.prompt_tokens},
       {"generated_tokens", s.generated_tokens},
       {"generated_tokens_per_s", s.generated_tokens / elapsed},
+      {"full_load", rate > 0 ? nlohmann::json(nullptr)
+                             : nlohmann::json{{"duration_s", full_load_s},
+                                              {"generated_tokens_per_s", full_load_rate}}},
       {"ttft_ms", {{"p50", 1e3 * Percentile(s.ttft, 0.5)}, {"p90", 1e3 * Percentile(s.ttft, 0.9)},
                    {"p99", 1e3 * Percentile(s.ttft, 0.99)}}},
       {"itl_ms", {{"p50", 1e3 * Percentile(s.itl, 0.5)}, {"p90", 1e3 * Percentile(s.itl, 0.9)},
@@ -311,6 +332,10 @@ int Run() {
               s.completed / elapsed);
   std::printf("tokens       %lld generated, %.1f /s\n", static_cast<long long>(s.generated_tokens),
               s.generated_tokens / elapsed);
+  if (full_load_tokens > 0) {
+    std::printf("full load    %.1f tokens/s in the first %.2f s, while every stream was busy\n",
+                full_load_rate, full_load_s);
+  }
   std::printf("ttft (ms)    p50 %.2f  p90 %.2f  p99 %.2f\n", 1e3 * Percentile(s.ttft, 0.5),
               1e3 * Percentile(s.ttft, 0.9), 1e3 * Percentile(s.ttft, 0.99));
   std::printf("itl (ms)     p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(s.itl, 0.5),

@@ -78,6 +78,10 @@ scrape_configs:
             with open(summary_path) as f:
                 summary = json.load(f)
             check(summary["connections"] == 2, "loadgen spread its streams over 2 connections")
+            full_load = summary["full_load"]
+            check(0 < full_load["duration_s"] <= summary["duration_s"]
+                  and full_load["generated_tokens_per_s"] > 0,
+                  f"loadgen timed the span in which every stream was busy ({full_load})")
             expected = summary["generated_tokens"]
             seen = None
             for _ in range(40):
