@@ -122,9 +122,10 @@ kill -TERM $server; wait $server || true
 ratio() {  # LABEL ENGINE_JSON
   /usr/bin/python3 -c 'import json, sys
 served, engine = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-rate = served["generated_tokens_per_s"]
-print("served / %s: %.1f%% of its median step, %.1f%% of its mean" % (sys.argv[3],
-      100 * rate / engine["tokens_per_s"], 100 * rate / engine["tokens_per_s_mean"]))' \
+rate, full = served["generated_tokens_per_s"], served["full_load"]["generated_tokens_per_s"]
+print("served / %s: %.1f%% of its median step, %.1f%% of its mean; under full load %.1f%%, %.1f%%"
+      % (sys.argv[3], 100 * rate / engine["tokens_per_s"], 100 * rate / engine["tokens_per_s_mean"],
+         100 * full / engine["tokens_per_s"], 100 * full / engine["tokens_per_s_mean"]))' \
     "$served" "$2" "$1"
 }
 for temperature in 0 1; do
