@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cmath>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -20,6 +23,25 @@ constexpr std::string_view kEmbedding = "model.embed_tokens.weight";
 constexpr std::string_view kLmHead = "lm_head.weight";
 
 bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The index of the first NaN or infinity in `values`, if any: those whose exponent bits are all
+// set. A block at a time, OR-ing a test of each value's bits (a loop the compiler vectorises,
+// where one that may stop at any value is not), so a checkpoint is checked at memory speed.
+std::optional<size_t> FirstNonFinite(std::span<const float> values) {
+  constexpr uint32_t kExponent = 0x7f800000;
+  constexpr size_t kBlock = 4096;
+  for (size_t start = 0; start < values.size(); start += kBlock) {
+    const std::span<const float> block =
+        values.subspan(start, std::min(kBlock, values.size() - start));
+    bool any = false;
+    for (float v : block) any |= (std::bit_cast<uint32_t>(v) & kExponent) == kExponent;
+    if (!any) continue;
+    for (size_t i = 0; i < block.size(); ++i) {
+      if (!std::isfinite(block[i])) return start + i;
+    }
+  }
+  return std::nullopt;
+}
 
 // tensor name → shard file, from model.safetensors.index.json.
 absl::StatusOr<std::map<std::string, std::string>> ReadShardIndex(const std::string& path) {
@@ -154,15 +176,21 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const std::string& model_dir,
                                                      "; weights must be F32, F16 or BF16"));
     }
     const size_t n = static_cast<size_t>(view->num_elements());
+    std::span<const float> values;
     if (view->dtype == DType::kF32 &&
         reinterpret_cast<uintptr_t>(view->bytes.data()) % alignof(float) == 0) {
-      weights.tensors_[spec.name] =
-          std::span<const float>(reinterpret_cast<const float*>(view->bytes.data()), n);
+      values = std::span<const float>(reinterpret_cast<const float*>(view->bytes.data()), n);
     } else {
       std::vector<float>& converted = weights.owned_.emplace_back(n);
       TTT_RETURN_IF_ERROR(ConvertToFloat32(*view, converted));
-      weights.tensors_[spec.name] = converted;
+      values = converted;
     }
+    if (const std::optional<size_t> at = FirstNonFinite(values)) {
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor '", spec.name,
+                                                     "' holds ", values[*at], " at element ", *at,
+                                                     "; weights must be finite"));
+    }
+    weights.tensors_[spec.name] = values;
   }
   weights.ComputeFingerprint(config);
   return weights;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <Eigen/Core>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "server/engine/cpu_engine.h"
 #include "server/model/model.h"
 #include "server/model/safetensors.h"
@@ -40,22 +42,20 @@ std::vector<std::byte> ToHalf(std::span<const float> values) {
   return bytes;
 }
 
+// Values as they would be stored with `dtype`.
+std::vector<std::byte> StoredBytes(std::span<const float> values, DType dtype) {
+  if (dtype == DType::kF16) return ToHalf<Eigen::half>(values);
+  if (dtype == DType::kBF16) return ToHalf<Eigen::bfloat16>(values);
+  auto raw = std::as_bytes(values);
+  return {raw.begin(), raw.end()};
+}
+
 // The model's tensors as they would be stored with `dtype`.
 std::vector<TensorData> StoredTensors(const ModelConfig& config, const ModelWeights& weights,
                                       DType dtype) {
   std::vector<TensorData> tensors;
   for (const TensorSpec& spec : ExpectedTensors(config)) {
-    std::span<const float> values = weights.Get(spec.name);
-    std::vector<std::byte> bytes;
-    if (dtype == DType::kF16) {
-      bytes = ToHalf<Eigen::half>(values);
-    } else if (dtype == DType::kBF16) {
-      bytes = ToHalf<Eigen::bfloat16>(values);
-    } else {
-      auto raw = std::as_bytes(values);
-      bytes.assign(raw.begin(), raw.end());
-    }
-    tensors.push_back({spec.name, dtype, spec.shape, std::move(bytes)});
+    tensors.push_back({spec.name, dtype, spec.shape, StoredBytes(weights.Get(spec.name), dtype)});
   }
   return tensors;
 }
@@ -226,6 +226,30 @@ TEST_F(ModelFilesTest, WrongShapeIsNamed) {
   EXPECT_THAT(std::string(LoadError().message()),
               AllOf(HasSubstr("model.layers.0.seq_modeling_block.W1"), HasSubstr("[4, 256]"),
                     HasSubstr("[4, 16, 16]")));
+}
+
+TEST_F(ModelFilesTest, NonFiniteWeightsAreNamedWhateverTheDtype) {
+  const ModelWeights weights = ModelWeights::Random(config_, 3);
+  const std::string name = "model.layers.1.mlp.down_proj.weight";
+  for (const DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity()}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", bad));
+      std::vector<float> values(weights.Get(name).begin(), weights.Get(name).end());
+      ASSERT_GT(values.size(), 4100u);
+      values[4100] = bad;  // In the check's second block.
+      std::vector<TensorData> tensors = StoredTensors(config_, weights, dtype);
+      for (TensorData& t : tensors) {
+        if (t.name == name) t.bytes = StoredBytes(values, dtype);
+      }
+      WriteTensors(dir_ + "/model.safetensors", tensors);
+      const absl::Status status = LoadError();
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(status.message()),
+                  AllOf(HasSubstr("model.safetensors"), HasSubstr(name), HasSubstr("element 4100"),
+                        HasSubstr(std::isnan(bad) ? "nan" : "-inf")));
+    }
+  }
 }
 
 TEST_F(ModelFilesTest, WrongDtypeIsNamed) {
