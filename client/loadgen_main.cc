@@ -74,8 +74,13 @@ bool ParseLengths(const std::string& text, LengthDistribution* out) {
 struct Stats {
   std::mutex mutex;
   std::vector<double> ttft, itl;  // Seconds.
+  // What the server counted (its usage report: from the request's arrival to its first token,
+  // and to its end), and what the client counted beyond it: the request's way in, then the
+  // first token's way out, or the end's (behind whatever tokens were still on their way).
+  std::vector<double> server_ttft, ttft_outside_server, total_outside_server;
   std::map<std::string, int64_t> errors;
   int64_t completed = 0, generated_tokens = 0, prompt_tokens = 0, session_requests = 0;
+  int64_t messages = 0;  // Responses that carried tokens.
 };
 
 class LoadGenerator {
@@ -101,7 +106,9 @@ class LoadGenerator {
       Clock::time_point start, last;
       bool first = true;
       std::vector<double> ttft, itl;
-      int64_t tokens = 0;
+      int64_t tokens = 0, messages = 0;
+      v1::Usage usage;  // The server's account, on the last response.
+      bool has_usage = false;
     };
     auto timing = std::make_shared<Timing>();
     timing->start = timing->last = Clock::now();
@@ -109,8 +116,13 @@ class LoadGenerator {
         request,
         [this, timing](const v1::GenerateResponse& r) {
           const Clock::time_point now = Clock::now();
+          if (r.has_usage()) {
+            timing->usage = r.usage();
+            timing->has_usage = true;
+          }
           const int n = r.tokens_size();
           if (n == 0) return;
+          ++timing->messages;
           if (timing->first) {
             timing->ttft.push_back(std::chrono::duration<double>(now - timing->start).count());
             for (int i = 1; i < n; ++i) timing->itl.push_back(0);
@@ -125,15 +137,25 @@ class LoadGenerator {
         },
         [this, timing, prompt_length, continues = !session.empty(),
          ended = std::move(ended)](const grpc::Status& status) {
+          const double total =
+              std::chrono::duration<double>(Clock::now() - timing->start).count();
           {
             std::lock_guard<std::mutex> lock(stats_.mutex);
             stats_.generated_tokens += timing->tokens;
+            stats_.messages += timing->messages;
             if (status.ok()) {
               ++stats_.completed;
               stats_.prompt_tokens += prompt_length;
               stats_.session_requests += continues;
               stats_.ttft.insert(stats_.ttft.end(), timing->ttft.begin(), timing->ttft.end());
               stats_.itl.insert(stats_.itl.end(), timing->itl.begin(), timing->itl.end());
+              if (timing->has_usage && !timing->ttft.empty()) {
+                const v1::Usage& usage = timing->usage;
+                stats_.server_ttft.push_back(usage.time_to_first_token_seconds());
+                stats_.ttft_outside_server.push_back(timing->ttft.front() -
+                                                     usage.time_to_first_token_seconds());
+                stats_.total_outside_server.push_back(total - usage.total_seconds());
+              }
             } else {
               ++stats_.errors[StatusCodeName(status.error_code())];
             }
@@ -300,6 +322,11 @@ int Run() {
   const double full_load_s =
       rate > 0 ? 0 : std::chrono::duration<double>(full_load_end - start).count();
   const double full_load_rate = full_load_s > 0 ? full_load_tokens / full_load_s : 0;
+  auto percentiles_ms = [](const std::vector<double>& seconds) {
+    return nlohmann::json{{"p50", 1e3 * Percentile(seconds, 0.5)},
+                          {"p90", 1e3 * Percentile(seconds, 0.9)},
+                          {"p99", 1e3 * Percentile(seconds, 0.99)}};
+  };
   nlohmann::json summary = {
       {"server", absl::GetFlag(FLAGS_server)},
       {"model", info.name()},
@@ -321,10 +348,14 @@ int Run() {
       {"full_load", rate > 0 ? nlohmann::json(nullptr)
                              : nlohmann::json{{"duration_s", full_load_s},
                                               {"generated_tokens_per_s", full_load_rate}}},
-      {"ttft_ms", {{"p50", 1e3 * Percentile(s.ttft, 0.5)}, {"p90", 1e3 * Percentile(s.ttft, 0.9)},
-                   {"p99", 1e3 * Percentile(s.ttft, 0.99)}}},
-      {"itl_ms", {{"p50", 1e3 * Percentile(s.itl, 0.5)}, {"p90", 1e3 * Percentile(s.itl, 0.9)},
-                  {"p99", 1e3 * Percentile(s.itl, 0.99)}}},
+      {"ttft_ms", percentiles_ms(s.ttft)},
+      {"itl_ms", percentiles_ms(s.itl)},
+      {"tokens_per_message", s.messages > 0 ? double(s.generated_tokens) / s.messages : 0.0},
+      // The time to the first token and the whole request, split into the server's count and
+      // the rest (the request's way in, then the first token's or the end's way out).
+      {"server_ttft_ms", percentiles_ms(s.server_ttft)},
+      {"ttft_outside_server_ms", percentiles_ms(s.ttft_outside_server)},
+      {"total_outside_server_ms", percentiles_ms(s.total_outside_server)},
       {"errors", s.errors},
   };
   std::printf("requests     %lld completed, %lld errors, %.2f /s\n",
@@ -340,6 +371,13 @@ int Run() {
               1e3 * Percentile(s.ttft, 0.9), 1e3 * Percentile(s.ttft, 0.99));
   std::printf("itl (ms)     p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(s.itl, 0.5),
               1e3 * Percentile(s.itl, 0.9), 1e3 * Percentile(s.itl, 0.99));
+  std::printf("server (ms)  time to the first token p50 %.2f  p90 %.2f; outside the server: "
+              "before the first token p50 %.2f  p90 %.2f, in all p50 %.2f  p90 %.2f\n",
+              1e3 * Percentile(s.server_ttft, 0.5), 1e3 * Percentile(s.server_ttft, 0.9),
+              1e3 * Percentile(s.ttft_outside_server, 0.5),
+              1e3 * Percentile(s.ttft_outside_server, 0.9),
+              1e3 * Percentile(s.total_outside_server, 0.5),
+              1e3 * Percentile(s.total_outside_server, 0.9));
   for (const auto& [code, n] : s.errors)
     std::printf("error        %s: %lld\n", code.c_str(), static_cast<long long>(n));
   std::printf("%s\n", summary.dump().c_str());

@@ -82,6 +82,10 @@ scrape_configs:
             check(0 < full_load["duration_s"] <= summary["duration_s"]
                   and full_load["generated_tokens_per_s"] > 0,
                   f"loadgen timed the span in which every stream was busy ({full_load})")
+            check(0 < summary["server_ttft_ms"]["p50"] <= summary["ttft_ms"]["p50"]
+                  and summary["tokens_per_message"] >= 1,
+                  "loadgen split the time to the first token by the server's account "
+                  f"({summary['server_ttft_ms']} of {summary['ttft_ms']}), and counted messages")
             expected = summary["generated_tokens"]
             seen = None
             for _ in range(40):
