@@ -1,6 +1,8 @@
 #include "server/api/ttt_service.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/random/random.h"
@@ -201,6 +203,9 @@ class TextStream {
 
 }  // namespace
 
+TttService::TttService(int32_t stream_interval)
+    : stream_interval_(static_cast<size_t>(std::max(stream_interval, 1))) {}
+
 void TttService::Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics) {
   backend_storage_ = std::make_unique<Backend>(Backend{std::move(model), scheduler, metrics});
   backend_.store(backend_storage_.get());
@@ -213,7 +218,7 @@ absl::StatusOr<const TttService::Backend*> TttService::backend() const {
 }
 
 grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
-                                       const v1::GenerateRequest& request,
+                                       const v1::GenerateRequest& request, size_t tokens_per_batch,
                                        const std::function<bool(v1::GenerateResponse&)>& emit) {
   absl::StatusOr<const Backend*> backend = this->backend();
   if (!backend.ok()) return ToGrpc(backend.status());
@@ -234,7 +239,7 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
   int32_t tokens_sent = 0;
   while (true) {
     GenerationUpdate update;
-    if (!(*handle)->Next(kPollInterval, &update)) {
+    if (!(*handle)->Next(kPollInterval, &update, tokens_sent == 0 ? 1 : tokens_per_batch)) {
       if (!client_gone && context->IsCancelled()) {
         client_gone = true;
         (*handle)->Cancel(FinishReason::kCancelled);
@@ -290,13 +295,17 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
 
 grpc::Status TttService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  return RunGeneration(context, *request,
+  return RunGeneration(context, *request, stream_interval_,
                        [&](v1::GenerateResponse& response) { return writer->Write(response); });
 }
 
 grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   v1::CompleteResponse* response) {
-  return RunGeneration(context, *request, [&](v1::GenerateResponse& part) {
+  // One response: the handler need not wake for every token, unless it looks for stop strings.
+  const size_t tokens_per_batch = request->stopping().stop().empty()
+                                      ? std::numeric_limits<size_t>::max()
+                                      : stream_interval_;
+  return RunGeneration(context, *request, tokens_per_batch, [&](v1::GenerateResponse& part) {
     for (v1::Token& token : *part.mutable_tokens()) {
       response->mutable_text()->append(token.text());
       *response->add_tokens() = std::move(token);

@@ -16,10 +16,15 @@ namespace ttt {
 
 // ---- GenerationHandle -------------------------------------------------------------------------
 
-bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update) {
+bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update,
+                            size_t min_tokens) {
   absl::MutexLock lock(&mutex_);
-  mutex_.AwaitWithTimeout(absl::Condition(&has_news_), timeout);
-  if (!has_news_) return false;
+  auto ready = [&] {
+    mutex_.AssertHeld();
+    return has_news_ && (pending_.finished || pending_.tokens.size() >= min_tokens);
+  };
+  mutex_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (!ready()) return false;
   *update = std::move(pending_);
   pending_ = GenerationUpdate();
   has_news_ = false;

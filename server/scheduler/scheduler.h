@@ -86,8 +86,9 @@ struct GenerationUpdate {
 // The link between a request's caller and the scheduler.
 class GenerationHandle {
  public:
-  // Waits up to `timeout` for news; false when there is none yet.
-  bool Next(absl::Duration timeout, GenerationUpdate* update);
+  // Waits up to `timeout` for news: the end, or at least `min_tokens` tokens. False when there
+  // is none yet.
+  bool Next(absl::Duration timeout, GenerationUpdate* update, size_t min_tokens = 1);
   // Asks the scheduler to stop this request at its next step: kStop (the caller saw a stop
   // string) or kCancelled (the caller went away: its slot is freed).
   void Cancel(FinishReason reason);

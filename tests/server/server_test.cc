@@ -124,6 +124,19 @@ TEST_F(ServerTest, UnaryCompleteEqualsTheStream) {
   EXPECT_EQ(response.finish_reason(), v1::FINISH_REASON_LENGTH);
 }
 
+TEST_F(ServerTest, AStreamIntervalSendsTheSameTokensInFewerMessages) {
+  // Without an interval this stream takes 40 to 270 messages on the tiny model, as often as the
+  // handler wakes; with it, at most 8.
+  constexpr int32_t kTokens = 400, kInterval = 64;
+  Start({.stream_interval = kInterval});
+  const std::vector<int32_t>& prompt = golden_.input_ids[0];
+  const Streamed out = Generate(server_->stub(), GreedyRequest(prompt, kTokens));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.ids, EngineGreedy(model(), prompt, kTokens));
+  // The first token at once, the last with the end, and messages of kInterval or more between.
+  EXPECT_LE(out.messages, 2 + (kTokens - 2) / kInterval);
+}
+
 TEST_F(ServerTest, SixtyFourConcurrentRequestsEachGetTheirOwnTokens) {
   Start();
   constexpr int kRequests = 64;
@@ -705,6 +718,13 @@ TEST_F(ServerTest, TextStreamsAsValidUtf8AndStopsAtStopStrings) {
   EXPECT_EQ(stopped.finish, v1::FINISH_REASON_STOP);
   EXPECT_EQ(stopped.text, free_run.text.substr(0, free_run.text.find(stop)));
   EXPECT_LT(stopped.ids.size(), free_run.ids.size());
+
+  // The unary call finds it too, though it need not wake for every token otherwise.
+  grpc::ClientContext context;
+  v1::CompleteResponse completed;
+  ASSERT_TRUE(server_->stub().Complete(&context, request, &completed).ok());
+  EXPECT_EQ(completed.text(), stopped.text);
+  EXPECT_EQ(completed.finish_reason(), v1::FINISH_REASON_STOP);
 }
 
 TEST_F(ServerTest, TokenizeDetokenizeAndModelInfo) {

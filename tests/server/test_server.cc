@@ -30,7 +30,7 @@ int FreePort() {
   return ntohs(address.sin_port);
 }
 
-TestServer::TestServer(const TestServerOptions& options) {
+TestServer::TestServer(const TestServerOptions& options) : service_(options.stream_interval) {
   auto model = LoadModel(options.model_dir);
   EXPECT_TRUE(model.ok()) << model.status();
   model_ = *model;

@@ -18,6 +18,7 @@ struct TestServerOptions {
   std::string model_dir;
   int64_t max_sequences = 64;
   SchedulerOptions scheduler;
+  int32_t stream_interval = 1;
 };
 
 class TestServer {
