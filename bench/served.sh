@@ -2,9 +2,10 @@
 # The served path against the engine alone: ttt-server on a random-weight preset, ttt-loadgen
 # with N concurrent streams of T generated tokens over loopback, then ttt-bench's decode at batch
 # N on the same model, greedy and sampling at temperature 1 as the load generator's requests do.
-# Prints the JSON summaries, and where the served time went: the server's engine steps (from its
-# /metrics), how busy the machine's cores were during the run, and how the kernel scheduled the
-# server's scheduler thread.
+# Prints the JSON summaries, and where the served time went: each request's time to the first
+# token and in all, inside the server and outside it (ttt-loadgen's split), the server's engine
+# steps (from its /metrics), how busy the machine's cores were during the run, and how the kernel
+# scheduled the server's scheduler thread.
 #   bench/served.sh BUILD_DIR PRESET [STREAMS] [TOKENS] [REQUESTS] [METRICS_PORT] [CONNECTIONS]
 # TOKENS is a count, or a distribution as ttt-loadgen takes it (uniform:MIN:MAX); PROMPT_TOKENS, in
 # the environment, the prompts' (fixed:16 unless set).
@@ -74,6 +75,14 @@ server_cpu_after=$(server_cpu); times > "$work/times.after"
 snapshot "$work/after.prom"
 served=$(tr -d '\n ' < "$work/served.json")
 echo "served: $served"
+# Each request's times by the server's account and the client's (ttt-loadgen's split).
+/usr/bin/python3 -c 'import json, sys
+s = json.loads(sys.argv[1])
+p = lambda key: "%.1f / %.1f" % (s[key]["p50"], s[key]["p90"])
+print("requests, as the client saw them (ms, p50 / p90): first token %s, the server'"'"'s part %s; "
+      "outside the server %s before the first token, %s in all; %.2f tokens a message"
+      % (p("ttft_ms"), p("server_ttft_ms"), p("ttft_outside_server_ms"),
+         p("total_outside_server_ms"), s["tokens_per_message"]))' "$served"
 wall=$(echo "$served" | sed -n 's/.*"duration_s":\([0-9.e+-]*\).*/\1/p')  # Seconds.
 awk -v s="$server_cpu_before $server_cpu_after" -v l="$(children_cpu "$work/times.before") $(children_cpu "$work/times.after")" \
   -v wall="$wall" \
