@@ -137,8 +137,7 @@ class LoadGenerator {
         },
         [this, timing, prompt_length, continues = !session.empty(),
          ended = std::move(ended)](const grpc::Status& status) {
-          const double total =
-              std::chrono::duration<double>(Clock::now() - timing->start).count();
+          const double total = std::chrono::duration<double>(Clock::now() - timing->start).count();
           {
             std::lock_guard<std::mutex> lock(stats_.mutex);
             stats_.generated_tokens += timing->tokens;
@@ -371,13 +370,12 @@ int Run() {
               1e3 * Percentile(s.ttft, 0.9), 1e3 * Percentile(s.ttft, 0.99));
   std::printf("itl (ms)     p50 %.3f  p90 %.3f  p99 %.3f\n", 1e3 * Percentile(s.itl, 0.5),
               1e3 * Percentile(s.itl, 0.9), 1e3 * Percentile(s.itl, 0.99));
-  std::printf("server (ms)  time to the first token p50 %.2f  p90 %.2f; outside the server: "
-              "before the first token p50 %.2f  p90 %.2f, in all p50 %.2f  p90 %.2f\n",
-              1e3 * Percentile(s.server_ttft, 0.5), 1e3 * Percentile(s.server_ttft, 0.9),
-              1e3 * Percentile(s.ttft_outside_server, 0.5),
-              1e3 * Percentile(s.ttft_outside_server, 0.9),
-              1e3 * Percentile(s.total_outside_server, 0.5),
-              1e3 * Percentile(s.total_outside_server, 0.9));
+  std::printf(
+      "server (ms)  time to the first token p50 %.2f  p90 %.2f; outside the server: "
+      "before the first token p50 %.2f  p90 %.2f, in all p50 %.2f  p90 %.2f\n",
+      1e3 * Percentile(s.server_ttft, 0.5), 1e3 * Percentile(s.server_ttft, 0.9),
+      1e3 * Percentile(s.ttft_outside_server, 0.5), 1e3 * Percentile(s.ttft_outside_server, 0.9),
+      1e3 * Percentile(s.total_outside_server, 0.5), 1e3 * Percentile(s.total_outside_server, 0.9));
   for (const auto& [code, n] : s.errors)
     std::printf("error        %s: %lld\n", code.c_str(), static_cast<long long>(n));
   std::printf("%s\n", summary.dump().c_str());

@@ -44,13 +44,14 @@ ABSL_FLAG(
 ABSL_FLAG(double, state_pool_fraction, 0.5, "CUDA: share of free GPU memory for sequence states.");
 ABSL_FLAG(int64_t, max_waiting, 1024, "Waiting requests beyond this get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, prefill_tokens_per_step, 2048, "Prompt tokens processed per engine step.");
-// These two defaults go together (bench/README.md, served v18, 256 streams): with a message a
-// token, requests spent ~100 ms outside the server, their tokens queued on the way out; with
-// four, they spend under 1 ms, but arrive spread over more steps, half of which then took
-// prompts; holding arrivals four steps gathers them again.
-ABSL_FLAG(int64_t, max_join_wait_steps, 4,
+// These two defaults go together (bench/README.md, served v18, 256 streams on the GPU): with a
+// message a token, requests spent ~100 ms outside the server, their tokens queued on the way
+// out; with four, they spend under 1 ms, but arrive spread over more steps, half of which then
+// took prompts; holding arrivals four steps gathers them again. On the CPU engine a step takes
+// tens of milliseconds and one with prompts costs little more than their rows: nothing waits.
+ABSL_FLAG(int64_t, max_join_wait_steps, -1,
           "While sequences decode, steps an arriving request may wait for others to join with it "
-          "(0: none).");
+          "(0: none; -1: 4 on the CUDA engine, 0 on the CPU engine).");
 ABSL_FLAG(std::string, single_sequence_kernel, "auto",
           "CUDA: decode a lone sequence with every layer in one kernel: auto (whichever is faster "
           "for the model, timed at start), on (wherever the model fits it) or off.");
@@ -59,9 +60,9 @@ ABSL_FLAG(int64_t, max_host_session_bytes, int64_t{8} << 30,
 ABSL_FLAG(int64_t, max_context_tokens, 0, "Tokens per sequence at most; 0: no limit.");
 ABSL_FLAG(int32_t, default_max_new_tokens, 256, "max_new_tokens when a request gives none.");
 ABSL_FLAG(int32_t, stream_interval, 4,
-          "Tokens a streamed message waits for (the first token and the end go at once; 1: a "
-          "message a token): more makes fewer, larger messages, which cost the server and its "
-          "clients less per token.");
+          "Tokens a streamed message waits for (the first token and the end go at once, and no "
+          "token waits more than 5 ms; 1: a message a token): more makes fewer, larger messages, "
+          "which cost the server and its clients less per token.");
 ABSL_FLAG(int32_t, max_message_bytes, 256 << 20, "Largest gRPC message accepted or sent.");
 ABSL_FLAG(double, drain_grace_seconds, 30, "On SIGTERM, how long work in progress may finish.");
 
@@ -85,7 +86,7 @@ absl::Status CheckCounts() {
       {"max_sequences", absl::GetFlag(FLAGS_max_sequences), 0},
       {"max_waiting", absl::GetFlag(FLAGS_max_waiting), 0},
       {"prefill_tokens_per_step", absl::GetFlag(FLAGS_prefill_tokens_per_step), 1},
-      {"max_join_wait_steps", absl::GetFlag(FLAGS_max_join_wait_steps), 0},
+      {"max_join_wait_steps", absl::GetFlag(FLAGS_max_join_wait_steps), -1},
       {"max_host_session_bytes", absl::GetFlag(FLAGS_max_host_session_bytes), 0},
       {"max_context_tokens", absl::GetFlag(FLAGS_max_context_tokens), 0},
       {"default_max_new_tokens", absl::GetFlag(FLAGS_default_max_new_tokens), 1},
@@ -166,7 +167,11 @@ absl::Status Run() {
                                                       .max_sequences = kCpuDefaultSequences}));
   }
   const std::string backend(engine->backend());
-  Metrics metrics(backend.starts_with("cuda") ? "gpu" : "cpu");
+  const bool gpu = backend.starts_with("cuda");
+  const int64_t max_join_wait_steps = absl::GetFlag(FLAGS_max_join_wait_steps) >= 0
+                                          ? absl::GetFlag(FLAGS_max_join_wait_steps)
+                                          : (gpu ? 4 : 0);
+  Metrics metrics(gpu ? "gpu" : "cpu");
   std::unique_ptr<prometheus::Exposer> exposer;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     exposer = std::make_unique<prometheus::Exposer>(
@@ -176,7 +181,7 @@ absl::Status Run() {
   Scheduler scheduler(std::move(engine),
                       {.max_waiting = absl::GetFlag(FLAGS_max_waiting),
                        .prefill_tokens_per_step = absl::GetFlag(FLAGS_prefill_tokens_per_step),
-                       .max_join_wait_steps = absl::GetFlag(FLAGS_max_join_wait_steps),
+                       .max_join_wait_steps = max_join_wait_steps,
                        .max_host_session_bytes = absl::GetFlag(FLAGS_max_host_session_bytes),
                        .max_context_tokens = absl::GetFlag(FLAGS_max_context_tokens),
                        .default_max_new_tokens = absl::GetFlag(FLAGS_default_max_new_tokens)},

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "absl/strings/str_cat.h"
 #include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 #include "server/util/absl_string_view.h"
 #include "server/util/status_macros.h"
 
@@ -203,8 +203,9 @@ class TextStream {
 
 }  // namespace
 
-TttService::TttService(int32_t stream_interval)
-    : stream_interval_(static_cast<size_t>(std::max(stream_interval, 1))) {}
+TttService::TttService(int32_t stream_interval, absl::Duration max_token_hold)
+    : stream_interval_(static_cast<size_t>(std::max(stream_interval, 1))),
+      max_token_hold_(max_token_hold) {}
 
 void TttService::Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics) {
   backend_storage_ = std::make_unique<Backend>(Backend{std::move(model), scheduler, metrics});
@@ -219,6 +220,7 @@ absl::StatusOr<const TttService::Backend*> TttService::backend() const {
 
 grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
                                        const v1::GenerateRequest& request, size_t tokens_per_batch,
+                                       absl::Duration max_hold,
                                        const std::function<bool(v1::GenerateResponse&)>& emit) {
   absl::StatusOr<const Backend*> backend = this->backend();
   if (!backend.ok()) return ToGrpc(backend.status());
@@ -239,7 +241,8 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
   int32_t tokens_sent = 0;
   while (true) {
     GenerationUpdate update;
-    if (!(*handle)->Next(kPollInterval, &update, tokens_sent == 0 ? 1 : tokens_per_batch)) {
+    if (!(*handle)->Next(kPollInterval, &update, tokens_sent == 0 ? 1 : tokens_per_batch,
+                         max_hold)) {
       if (!client_gone && context->IsCancelled()) {
         client_gone = true;
         (*handle)->Cancel(FinishReason::kCancelled);
@@ -295,17 +298,17 @@ grpc::Status TttService::RunGeneration(grpc::ServerContext* context,
 
 grpc::Status TttService::Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  return RunGeneration(context, *request, stream_interval_,
+  return RunGeneration(context, *request, stream_interval_, max_token_hold_,
                        [&](v1::GenerateResponse& response) { return writer->Write(response); });
 }
 
 grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::GenerateRequest* request,
                                   v1::CompleteResponse* response) {
   // One response: the handler need not wake for every token, unless it looks for stop strings.
-  const size_t tokens_per_batch = request->stopping().stop().empty()
-                                      ? std::numeric_limits<size_t>::max()
-                                      : stream_interval_;
-  return RunGeneration(context, *request, tokens_per_batch, [&](v1::GenerateResponse& part) {
+  const bool stops = !request->stopping().stop().empty();
+  const size_t tokens_per_batch = stops ? stream_interval_ : std::numeric_limits<size_t>::max();
+  const absl::Duration max_hold = stops ? max_token_hold_ : absl::InfiniteDuration();
+  auto collect = [&](v1::GenerateResponse& part) {
     for (v1::Token& token : *part.mutable_tokens()) {
       response->mutable_text()->append(token.text());
       *response->add_tokens() = std::move(token);
@@ -315,7 +318,8 @@ grpc::Status TttService::Complete(grpc::ServerContext* context, const v1::Genera
       *response->mutable_usage() = part.usage();
     }
     return true;
-  });
+  };
+  return RunGeneration(context, *request, tokens_per_batch, max_hold, collect);
 }
 
 // ---- Sessions ---------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ class TttService final : public v1::TttService::Service {
  public:
   // Until Ready is called (the model is loading) every call answers UNAVAILABLE. A streamed
   // message waits for `stream_interval` tokens (at least 1), except the first token and the end,
-  // which go at once: fewer, larger messages cost the server and its clients less per token.
-  explicit TttService(int32_t stream_interval = 1);
+  // which go at once: fewer, larger messages cost the server and its clients less per token. No
+  // token waits longer than `max_token_hold` for the others, so that where steps are slow (the
+  // CPU engine's tens of milliseconds) each goes as it comes.
+  explicit TttService(int32_t stream_interval = 1,
+                      absl::Duration max_token_hold = absl::Milliseconds(5));
   void Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -51,13 +54,15 @@ class TttService final : public v1::TttService::Service {
   };
   // The loaded model, or UNAVAILABLE while loading.
   absl::StatusOr<const Backend*> backend() const;
-  // Runs a generation, calling `emit` for each batch of at least `tokens_per_batch` tokens (the
-  // first token and the end go at once); returns its end.
-  grpc::Status RunGeneration(
-      grpc::ServerContext* context, const v1::GenerateRequest& request, size_t tokens_per_batch,
-      const std::function<bool(v1::GenerateResponse&)>& emit);
+  // Runs a generation, calling `emit` for each batch of at least `tokens_per_batch` tokens, or
+  // fewer once the oldest has waited `max_hold` (the first token and the end go at once);
+  // returns its end.
+  grpc::Status RunGeneration(grpc::ServerContext* context, const v1::GenerateRequest& request,
+                             size_t tokens_per_batch, absl::Duration max_hold,
+                             const std::function<bool(v1::GenerateResponse&)>& emit);
 
   const size_t stream_interval_;
+  const absl::Duration max_token_hold_;
 
   std::unique_ptr<Backend> backend_storage_;
   std::atomic<const Backend*> backend_{nullptr};

@@ -16,15 +16,29 @@ namespace ttt {
 
 // ---- GenerationHandle -------------------------------------------------------------------------
 
-bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update,
-                            size_t min_tokens) {
+bool GenerationHandle::Next(absl::Duration timeout, GenerationUpdate* update, size_t min_tokens,
+                            absl::Duration max_hold) {
   absl::MutexLock lock(&mutex_);
-  auto ready = [&] {
+  auto enough = [&] {
     mutex_.AssertHeld();
     return has_news_ && (pending_.finished || pending_.tokens.size() >= min_tokens);
   };
-  mutex_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (!ready()) return false;
+  auto held_long_enough = [&] {
+    mutex_.AssertHeld();
+    return !pending_.tokens.empty() && absl::Now() >= oldest_pending_ + max_hold;
+  };
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!enough() && !held_long_enough() && absl::Now() < deadline) {
+    // Until a token is held, wake for the first one too: its hold starts then.
+    const bool holding = !pending_.tokens.empty();
+    auto wake = [&] {
+      mutex_.AssertHeld();
+      return enough() || (!holding && !pending_.tokens.empty());
+    };
+    mutex_.AwaitWithDeadline(absl::Condition(&wake),
+                             holding ? std::min(deadline, oldest_pending_ + max_hold) : deadline);
+  }
+  if (!enough() && !held_long_enough()) return false;
   *update = std::move(pending_);
   pending_ = GenerationUpdate();
   has_news_ = false;
@@ -40,6 +54,7 @@ void GenerationHandle::Cancel(FinishReason reason) {
 
 void GenerationHandle::Push(std::vector<GeneratedToken> tokens) {
   absl::MutexLock lock(&mutex_);
+  if (pending_.tokens.empty()) oldest_pending_ = absl::Now();
   for (GeneratedToken& token : tokens) pending_.tokens.push_back(std::move(token));
   has_news_ = true;
 }

@@ -86,9 +86,10 @@ struct GenerationUpdate {
 // The link between a request's caller and the scheduler.
 class GenerationHandle {
  public:
-  // Waits up to `timeout` for news: the end, or at least `min_tokens` tokens. False when there
-  // is none yet.
-  bool Next(absl::Duration timeout, GenerationUpdate* update, size_t min_tokens = 1);
+  // Waits up to `timeout` for news: the end, at least `min_tokens` tokens, or tokens the oldest
+  // of which has waited `max_hold` since it came. False when there is none yet.
+  bool Next(absl::Duration timeout, GenerationUpdate* update, size_t min_tokens = 1,
+            absl::Duration max_hold = absl::InfiniteDuration());
   // Asks the scheduler to stop this request at its next step: kStop (the caller saw a stop
   // string) or kCancelled (the caller went away: its slot is freed).
   void Cancel(FinishReason reason);
@@ -103,6 +104,7 @@ class GenerationHandle {
 
   absl::Mutex mutex_;
   GenerationUpdate pending_ ABSL_GUARDED_BY(mutex_);
+  absl::Time oldest_pending_ ABSL_GUARDED_BY(mutex_);  // When pending_.tokens' first came.
   bool has_news_ ABSL_GUARDED_BY(mutex_) = false;
   std::atomic<bool> cancel_ = false;  // Set (under mutex_) after cancel_reason_.
   FinishReason cancel_reason_ ABSL_GUARDED_BY(mutex_) = FinishReason::kCancelled;

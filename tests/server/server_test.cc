@@ -128,7 +128,12 @@ TEST_F(ServerTest, AStreamIntervalSendsTheSameTokensInFewerMessages) {
   // Without an interval this stream takes 40 to 270 messages on the tiny model, as often as the
   // handler wakes; with it, at most 8.
   constexpr int32_t kTokens = 400, kInterval = 64;
-  Start({.stream_interval = kInterval});
+  // No token is held long enough to go alone, however slow the machine.
+  Start({.model_dir = "",
+         .max_sequences = 64,
+         .scheduler = {},
+         .stream_interval = kInterval,
+         .max_token_hold = absl::Seconds(60)});
   const std::vector<int32_t>& prompt = golden_.input_ids[0];
   const Streamed out = Generate(server_->stub(), GreedyRequest(prompt, kTokens));
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();

@@ -30,7 +30,8 @@ int FreePort() {
   return ntohs(address.sin_port);
 }
 
-TestServer::TestServer(const TestServerOptions& options) : service_(options.stream_interval) {
+TestServer::TestServer(const TestServerOptions& options)
+    : service_(options.stream_interval, options.max_token_hold) {
   auto model = LoadModel(options.model_dir);
   EXPECT_TRUE(model.ok()) << model.status();
   model_ = *model;
