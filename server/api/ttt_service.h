@@ -5,12 +5,16 @@
 #include <atomic>
 #include <memory>
 
+#include "absl/time/time.h"
 #include "server/metrics/metrics.h"
 #include "server/model/model.h"
 #include "server/scheduler/scheduler.h"
 #include "ttt/v1/ttt.grpc.pb.h"
 
 namespace ttt {
+
+// How long a streamed token may wait for the others of its message (TttService).
+inline constexpr absl::Duration kMaxTokenHold = absl::Milliseconds(5);
 
 class TttService final : public v1::TttService::Service {
  public:
@@ -19,8 +23,7 @@ class TttService final : public v1::TttService::Service {
   // which go at once: fewer, larger messages cost the server and its clients less per token. No
   // token waits longer than `max_token_hold` for the others, so that where steps are slow (the
   // CPU engine's tens of milliseconds) each goes as it comes.
-  explicit TttService(int32_t stream_interval = 1,
-                      absl::Duration max_token_hold = absl::Milliseconds(5));
+  explicit TttService(int32_t stream_interval = 1, absl::Duration max_token_hold = kMaxTokenHold);
   void Ready(std::shared_ptr<const Model> model, Scheduler* scheduler, Metrics* metrics);
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,

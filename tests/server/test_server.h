@@ -19,7 +19,7 @@ struct TestServerOptions {
   int64_t max_sequences = 64;
   SchedulerOptions scheduler;
   int32_t stream_interval = 1;
-  absl::Duration max_token_hold = absl::Milliseconds(5);
+  absl::Duration max_token_hold = kMaxTokenHold;
 };
 
 class TestServer {
