@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <utility>
@@ -1015,6 +1016,128 @@ TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
       ASSERT_TRUE((*gpu)->CollectedStepDeviceTime().has_value());
       EXPECT_GT(*(*gpu)->CollectedStepDeviceTime(), absl::ZeroDuration());
     }
+  }
+}
+
+// Steps in which new sequences join others that decode, as a server's steps take arriving
+// requests. `stayers` sequences decode in every step; before each step but every third one or
+// two sequences join with prompts of 2–5 tokens (and decode from then on), and as many of the
+// earlier joiners leave, their slots then taken by later ones. The batch's chunks come in a
+// shuffled order. Greedy; with `pipelined` each step is started before the one in
+// flight is finished, its single tokens taking that step's. Returns each step's tokens by
+// sequence: the stayers', then the joiners' in the order they joined.
+std::vector<std::map<int, SampledToken>> RunWithJoiners(Engine& engine, int stayers, int steps,
+                                                        bool pipelined) {
+  const int32_t vocab = static_cast<int32_t>(engine.config().vocab_size);
+  std::mt19937 rng(7);  // The same steps on every engine.
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  struct Sequence {
+    SequenceSlot slot;
+    std::vector<int32_t> prompt;  // Fed in the step it joins.
+    int32_t last = -1;            // Its latest token on the host.
+  };
+  std::map<int, Sequence> live;  // By index, as returned.
+  int next_index = 0;
+  auto join = [&](int prompt_tokens) {
+    Sequence sequence{.slot = *engine.CreateSequence(), .prompt = {}, .last = -1};
+    for (int i = 0; i < prompt_tokens; ++i) sequence.prompt.push_back(token(rng));
+    live.emplace(next_index++, std::move(sequence));
+  };
+  for (int i = 0; i < stayers; ++i) join(3 + i % 4);
+  std::vector<std::map<int, SampledToken>> chosen;
+  std::vector<std::vector<int>> in_flight;  // The unfinished steps' chunks' sequences, in order.
+  auto finish = [&] {
+    std::vector<SampledToken> tokens;
+    const absl::Status status = engine.FinishForwardAndSample(&tokens);
+    EXPECT_TRUE(status.ok()) << status;
+    const std::vector<int> order = std::move(in_flight.front());
+    in_flight.erase(in_flight.begin());
+    EXPECT_EQ(tokens.size(), order.size());
+    std::map<int, SampledToken>& step = chosen.emplace_back();
+    for (size_t b = 0; b < order.size() && b < tokens.size(); ++b) {
+      step[order[b]] = tokens[b];
+      if (live.contains(order[b])) live.at(order[b]).last = tokens[b].id;
+    }
+  };
+  for (int step = 0; step < steps; ++step) {
+    if (step > 0 && step % 3 != 0) {
+      const int count = 1 + step % 2;
+      for (int j = 0; j < count && std::ssize(live) > stayers + 2; ++j) {
+        auto leaving = live.upper_bound(stayers - 1);  // The earliest joiner still decoding.
+        EXPECT_TRUE(engine.ReleaseSequence(leaving->second.slot).ok());
+        live.erase(leaving);
+      }
+      for (int j = 0; j < count; ++j) join(2 + (step + j) % 4);
+    }
+    std::vector<int> order;
+    for (const auto& [index, sequence] : live) order.push_back(index);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<SequenceChunk> batch;
+    for (int index : order) {
+      Sequence& sequence = live.at(index);
+      if (!sequence.prompt.empty()) {
+        batch.push_back({sequence.slot, sequence.prompt});
+      } else if (pipelined) {
+        batch.push_back({.slot = sequence.slot, .tokens = {}, .takes_token_in_flight = true});
+      } else {
+        batch.push_back({sequence.slot, std::span(&sequence.last, 1)});
+      }
+    }
+    const std::vector<SamplingParams> greedy(batch.size());
+    const absl::Status status = engine.StartForwardAndSample(batch, greedy);
+    EXPECT_TRUE(status.ok()) << status;
+    if (!status.ok()) return chosen;
+    for (int index : order) live.at(index).prompt.clear();
+    in_flight.push_back(std::move(order));
+    if (!pipelined || step > 0) finish();
+  }
+  if (pipelined) finish();
+  for (const auto& [index, sequence] : live) {
+    EXPECT_TRUE(engine.ReleaseSequence(sequence.slot).ok());
+  }
+  return chosen;
+}
+
+// TTT-Linear (the decode kernel) and TTT-MLP (the scan in the decode graph), every backbone flag.
+std::shared_ptr<const Model> JoinersModel(TttLayerType inner) {
+  ModelConfig c;
+  c.vocab_size = 211;
+  c.hidden_size = 128;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 96;
+  c.conv_kernel = 4;
+  c.num_hidden_layers = 2;
+  c.ttt_layer_type = inner;
+  c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
+  c.share_qk = c.use_gate = c.pre_conv = true;
+  return testing::RandomModel(c, 31);
+}
+
+// Joining sequences' steps (two in flight, as the server runs them) choose the CPU engine's
+// tokens, the joiners' first tokens among them, each in its chunk's place in the batch.
+TEST(CudaJoinersTest, StepsThatTakeJoinersChooseTheCpuEnginesTokens) {
+  SKIP_WITHOUT_GPU();
+  for (const TttLayerType inner : {TttLayerType::kLinear, TttLayerType::kMlp}) {
+    SCOPED_TRACE(inner == TttLayerType::kMlp ? "mlp" : "linear");
+    const auto model = JoinersModel(inner);
+    auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
+    ASSERT_NE(gpu, nullptr);
+    CpuEngine cpu(model);
+    const int steps = DecodeSteps(40);
+    const auto got = RunWithJoiners(*gpu, 10, steps, /*pipelined=*/true);
+    const auto expected = RunWithJoiners(cpu, 10, steps, /*pipelined=*/false);
+    ASSERT_EQ(got.size(), expected.size());
+    int tokens = 0;
+    for (size_t step = 0; step < got.size(); ++step) {
+      ASSERT_EQ(got[step].size(), expected[step].size()) << "step " << step;
+      for (const auto& [index, want] : expected[step]) {
+        ASSERT_TRUE(got[step].contains(index)) << "step " << step << " sequence " << index;
+        EXPECT_EQ(got[step].at(index).id, want.id) << "step " << step << " sequence " << index;
+        EXPECT_NEAR(got[step].at(index).logprob, want.logprob, 1e-4);
+        ++tokens;
+      }
+    }
+    EXPECT_GT(tokens, steps * 10);
   }
 }
 
