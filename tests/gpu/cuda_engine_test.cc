@@ -1100,16 +1100,9 @@ std::vector<std::map<int, SampledToken>> RunWithJoiners(Engine& engine, int stay
 
 // TTT-Linear (the decode kernel) and TTT-MLP (the scan in the decode graph), every backbone flag.
 std::shared_ptr<const Model> JoinersModel(TttLayerType inner) {
-  ModelConfig c;
-  c.vocab_size = 211;
-  c.hidden_size = 128;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 96;
-  c.conv_kernel = 4;
-  c.num_hidden_layers = 2;
+  ModelConfig c = SequenceStepModel(/*flags=*/7, /*head_dim=*/64);
   c.ttt_layer_type = inner;
   c.ttt_base_lr = inner == TttLayerType::kMlp ? 0.1 : 1.0;
-  c.share_qk = c.use_gate = c.pre_conv = true;
   return testing::RandomModel(c, 31);
 }
 
