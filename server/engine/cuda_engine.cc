@@ -228,6 +228,8 @@ class CudaEngine : public Engine {
                        int64_t out, cu::ProductOutput output, void* y, void* staging);
   absl::Status ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
                             int64_t decode_segments);
+  // Makes stream_ wait for what scan_stream_ took since the last join, if anything.
+  absl::Status JoinScanStream();
   // A decode step's shape: every segment one row, and each among the decode segments.
   static bool OneTokenEach(int64_t rows, int64_t num_segments, int64_t decode_segments) {
     return rows == num_segments && decode_segments == num_segments;
@@ -265,8 +267,10 @@ class CudaEngine : public Engine {
   // scan_stream_ beside the decode kernel on stream_: forked after in_proj (projected_), joined
   // before the layer's output (scanned_). The scan's inputs and the history's advance then run
   // under the decode kernel, and the scan's blocks start as its warps retire (bench/README.md
-  // v29: -2.3% at 125m, -3.4% at 1b).
+  // v29: -2.3% at 125m, -3.4% at 1b). The q/k conv's history advances there after the scan, joined
+  // only before the next layer's in_proj rewrites the rows it reads (v69).
   cudaStream_t scan_stream_ = nullptr;
+  bool scan_stream_joined_ = true;
   cudaEvent_t projected_ = nullptr, scanned_ = nullptr;
   std::unique_ptr<CudaGemm> gemm_;
 
@@ -1003,6 +1007,7 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
       TTT_RETURN_IF_ERROR(ForwardLayer(layer, rows, num_segments, decode_segments));
     }
+    TTT_RETURN_IF_ERROR(JoinScanStream());
   }
   if (logit_rows == 0) return absl::OkStatus();
   const float* final_rows = s.h.get<float>();
@@ -1174,6 +1179,14 @@ cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
           .counters = sequence_step_counters_.get<unsigned>()};
 }
 
+absl::Status CudaEngine::JoinScanStream() {
+  if (scan_stream_joined_) return absl::OkStatus();
+  scan_stream_joined_ = true;  // Even if the calls fail: a later step does not retry them.
+  TTT_CUDA(cudaEventRecord(scanned_, scan_stream_));
+  TTT_CUDA(cudaStreamWaitEvent(stream_, scanned_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_segments,
                                       int64_t decode_segments) {
   const bool one_token_each = OneTokenEach(rows, num_segments, decode_segments);
@@ -1217,6 +1230,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
+  TTT_RETURN_IF_ERROR(JoinScanStream());  // The last layer's history advance reads proj.
   if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
@@ -1242,6 +1256,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     if (decode_kernel) {
       TTT_CUDA(cudaEventRecord(projected_, stream_));
       TTT_CUDA(cudaStreamWaitEvent(scan_stream_, projected_));
+      scan_stream_joined_ = false;
       TTT_CUDA(cu::TttDecode(params, inputs, ordered, decode_segments, state, offsets, ttt_out,
                              /*beside_scan=*/decode_segments < num_segments, stream_));
       scanned = ordered + decode_segments;
@@ -1255,15 +1270,15 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                                   state, /*rewrite_history=*/one_token_each,
                                   /*skip_one_row_segments=*/decode_kernel, q, k, v, lr,
                                   scan_stream));
+    TTT_CUDA(cu::TttScan(params, scanned, num_scanned, q, k, v, lr, state, offsets, ttt_out,
+                         scan_stream));
+    TTT_RETURN_IF_ERROR(JoinScanStream());
+    // After the scan, which does not read the history, and outside the join: neither the scan
+    // nor the layer's output waits for it.
     if (c.share_qk && !one_token_each) {
       TTT_CUDA(cu::AdvanceConvHistory(proj + columns_.q, columns_.ld, num_scanned, D, ck, scanned,
                                       state, layout_.conv_qk, scan_stream));
-    }
-    TTT_CUDA(cu::TttScan(params, scanned, num_scanned, q, k, v, lr, state, offsets, ttt_out,
-                         scan_stream));
-    if (decode_kernel) {
-      TTT_CUDA(cudaEventRecord(scanned_, scan_stream_));
-      TTT_CUDA(cudaStreamWaitEvent(stream_, scanned_));
+      if (scan_stream == scan_stream_) scan_stream_joined_ = false;
     }
   }
 
