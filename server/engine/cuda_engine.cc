@@ -1230,7 +1230,7 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
     TTT_CUDA(cu::RmsNorm(h, rows, D, w.seq_norm, rms_eps, s.x.get(), gemm_type(), stream_));
   }
   float* proj = s.proj.get<float>();
-  TTT_RETURN_IF_ERROR(JoinScanStream());  // The last layer's history advance reads proj.
+  TTT_RETURN_IF_ERROR(JoinScanStream());  // The previous layer's history advance reads proj.
   if (TensorCoreProducts(rows)) {
     TTT_CUDA(cu::TensorCoreProduct(s.x.get(), static_cast<int>(rows), D, w.in_proj,
                                    static_cast<int>(columns_.ld), proj, columns_.ld, stream_));
