@@ -927,6 +927,9 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
   if (graph == nullptr) {
     auto captured = std::make_unique<DecodeGraph>();
+    // A mixed step that failed part-way leaves the scan stream unjoined; joined inside the
+    // capture, its wait would reach outside the graph.
+    TTT_RETURN_IF_ERROR(JoinScanStream());
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const absl::Status enqueued = EnqueueForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
                                                  /*gather=*/false, sample);
