@@ -423,60 +423,76 @@ __global__ void __launch_bounds__(kWarp, kTaps == kFourTaps ? kWarpsPerSm : 1)
 // - by column, for the products with θ0: thread (c, h) owns column c and half h of the window's
 //   tokens, so each pass over W1 reads every weight once for eight tokens (z = k·W1 + b1,
 //   zq = q·W1 + b1, the commit's W1 −= Σ_j τ·lr_j·k_jᵀ g_j);
-// - by token, for what reduces over columns: eight lanes per token, each with f/8 columns, so a
-//   LayerNorm's sum is three shuffles and all of a window's tokens reduce at once (the gradient at
-//   θ0, q_r·k_j, the output's LayerNorm).
+// - by token, for what reduces over columns: kLanes lanes per token, each with f/kLanes columns,
+//   so all of a window's tokens reduce at once (the gradient at θ0, q_r·k_j, the output's
+//   LayerNorm).
+// Two shapes of block: eight lanes a token (128 threads, each column's tokens in two halves) for
+// long prefills, where four blocks share an SM; a warp a token (512 threads, a column's tokens in
+// eighths) where the grid leaves SMs idle, as one short prompt's does: there each of the narrow
+// form's warps, alone on its scheduler, waits out every dependent load and FMA (a 16-token window
+// took ~21 µs, bench/README.md v69).
 // A chunk may start inside a window: the open window's pending rows come from the state, and the
 // rows of a window left open go back to it. Loads into shared memory are cp.async, so a block has
 // all of a window's rows (and θ0) in flight at once.
 // K of this kernel (every known model; others: the general one).
 constexpr int kPrefillWindow = 16;
 constexpr int kPrefillMaxF = 64;
-constexpr int kLanesPerToken = 8;
-constexpr int kPrefillThreads = kPrefillWindow * kLanesPerToken;
-static_assert(kPrefillThreads == 2 * kPrefillMaxF, "two halves of the tokens per column");
-// Shared rows are f + 8 floats apart: the four tokens a warp covers then fall in distinct banks.
+constexpr int kNarrowLanes = 8, kWideLanes = 32;
+// Shared rows are f + 8 floats apart: the four tokens a narrow warp covers then fall in distinct
+// banks.
 constexpr int kPrefillRowPad = 8;
 
-// Sum over the kLanesPerToken lanes of one token (consecutive lanes, within a warp).
+template <int kLanes>
+constexpr int kPrefillThreads = kPrefillWindow * kLanes;
+
+// Sum over the kLanes lanes of one token (consecutive lanes, within a warp).
+template <int kLanes>
 __device__ __forceinline__ float TokenSum(float v) {
-  for (int offset = kLanesPerToken / 2; offset > 0; offset /= 2) {
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xffffffffu, v, offset);
   }
   return v;
 }
 
 // The LayerNorm of token t's row of `rows` (shared, P floats apart) spread over its lanes: lane s
-// holds columns s + 8m (zero past f, and everywhere when !active), centred, and 1/s is returned.
-// Every lane of the warp must call it (the sums are shuffles).
-__device__ __forceinline__ float CentreTokenRow(const float* rows, int P, int t, bool active,
-                                                int f, int s, float eps,
-                                                float (&row)[kPrefillMaxF / kLanesPerToken]) {
-  constexpr int kColumns = kPrefillMaxF / kLanesPerToken;
+// holds columns s + kLanes·m (zero past f, and everywhere when !active), centred, and 1/s is
+// returned. Every lane of the warp must call it (the sums are shuffles).
+template <int kLanes>
+__device__ __forceinline__ float CentreTokenRow(const float* rows, int P, int t, bool active, int f,
+                                                int s, float eps,
+                                                float (&row)[kPrefillMaxF / kLanes]) {
+  constexpr int kColumns = kPrefillMaxF / kLanes;
   float sum = 0;
 #pragma unroll
   for (int m = 0; m < kColumns; ++m) {
-    const int col = s + m * kLanesPerToken;
+    const int col = s + m * kLanes;
     row[m] = active && col < f ? rows[t * P + col] : 0.0f;
     sum += row[m];
   }
-  const float mean = TokenSum(sum) / f;
+  const float mean = TokenSum<kLanes>(sum) / f;
   float square = 0;
 #pragma unroll
   for (int m = 0; m < kColumns; ++m) {
-    row[m] = s + m * kLanesPerToken < f ? row[m] - mean : 0.0f;
+    row[m] = s + m * kLanes < f ? row[m] - mean : 0.0f;
     square += row[m] * row[m];
   }
-  return rsqrtf(TokenSum(square) / f + eps);
+  return rsqrtf(TokenSum<kLanes>(square) / f + eps);
 }
 
-// Four blocks an SM: a prefill of 16 sequences × 32 heads (the 1b model) is then one wave. At
-// this register cap ptxas spills a few registers, which costs far less than a second wave.
-__global__ void __launch_bounds__(kPrefillThreads, 4)
+// Narrow, four blocks an SM: a prefill of 16 sequences × 32 heads (the 1b model) is then one
+// wave. At this register cap ptxas spills a few registers, which costs far less than a second
+// wave. Wide, at most 64 registers: a block then fits beside the decode kernel's warps (7 an SM
+// beside a scan, 128 registers each).
+template <int kLanes>
+__global__ void __launch_bounds__(kPrefillThreads<kLanes>, kLanes == kNarrowLanes ? 4 : 2)
     TttPrefillLinearKernel(TttScanParams p, const Segment* segments, const float* q_all,
                            const float* k_all, const float* v_all, const float* lr_all,
                            StateAddress state, TttStateOffsets off, float* out_all) {
-  constexpr int K = kPrefillWindow, kHalf = K / 2, kColumns = kPrefillMaxF / kLanesPerToken;
+  constexpr int K = kPrefillWindow, kThreads = kPrefillThreads<kLanes>;
+  constexpr int kGroups = kThreads / kPrefillMaxF;  // Of a column's tokens, by column.
+  constexpr int kTokens = K / kGroups;              // A thread's tokens, by column.
+  constexpr int kColumns = kPrefillMaxF / kLanes;   // A lane's columns, by token.
+  static_assert(kThreads % kPrefillMaxF == 0 && K % kGroups == 0);
   extern __shared__ float4 dynamic4[];
   __shared__ float lrs[K];
   __shared__ float coef[K][K + 1];  // τ_r·lr_j·(q_r·k_j + 1), j ≤ r.
@@ -500,17 +516,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   float* pg = base + off.g1 + head * K * f;
   float* plr = base + off.lr + head * K;
 
-  // By column: thread (c, h).
+  // By column: thread (c, h), h the group of kTokens tokens.
   const int c = threadIdx.x % kPrefillMaxF, h = threadIdx.x / kPrefillMaxF;
   const bool column_active = c < f;
   // By token: thread (t, s).
-  const int t = threadIdx.x / kLanesPerToken, s = threadIdx.x % kLanesPerToken;
+  const int t = threadIdx.x / kLanes, s = threadIdx.x % kLanes;
 
   // rows × f floats from `from` (row stride from_stride) into shared rows P apart, 16 bytes per
   // copy: f is a multiple of 4, and so is every row's offset.
   auto copy_rows_async = [&](float* to, const float* from, int64_t from_stride, int rows) {
     const int quads = f / 4;
-    for (int i = threadIdx.x; i < rows * quads; i += kPrefillThreads) {
+    for (int i = threadIdx.x; i < rows * quads; i += kThreads) {
       const int row = i / quads, col = 4 * (i % quads);
       __pipeline_memcpy_async(to + row * P + col, from + row * from_stride + col, 16);
     }
@@ -520,7 +536,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   uint2* W1_lower = W1_upper + nh * f * f / 4;
   const int open = WindowPosition(seg, K);  // Pending rows of the window it starts in.
   if (off.w1_split) {
-    for (int i = threadIdx.x; i < f * f / 4; i += kPrefillThreads) {
+    for (int i = threadIdx.x; i < f * f / 4; i += kThreads) {
       const int row = i / (f / 4), col = 4 * (i % (f / 4));
       *reinterpret_cast<float4*>(&w1[row * P + col]) = JoinHalves(W1_upper[i], W1_lower[i]);
     }
@@ -554,19 +570,19 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     __pipeline_wait_prior(0);
     __syncthreads();
 
-    // By column: z = k·W1 + b1 (to shared) and zq = q·W1 + b1 (kept) for this half's tokens.
-    float zq[kHalf];
+    // By column: z = k·W1 + b1 (to shared) and zq = q·W1 + b1 (kept) for this group's tokens.
+    float zq[kTokens];
     if (column_active) {
-      float z1[kHalf];
+      float z1[kTokens];
 #pragma unroll
-      for (int i = 0; i < kHalf; ++i) z1[i] = zq[i] = bias;
+      for (int i = 0; i < kTokens; ++i) z1[i] = zq[i] = bias;
 #pragma unroll 1
       for (int d = 0; d < f; d += 4) {
         const float w[4] = {w1[d * P + c], w1[(d + 1) * P + c], w1[(d + 2) * P + c],
                             w1[(d + 3) * P + c]};
 #pragma unroll
-        for (int i = 0; i < kHalf; ++i) {
-          const int r = h * kHalf + i;
+        for (int i = 0; i < kTokens; ++i) {
+          const int r = h * kTokens + i;
           if (r < r0 || r > r1) continue;
           const float4 kr = *reinterpret_cast<const float4*>(&keys[r * P + d]);
           const float4 qr = *reinterpret_cast<const float4*>(&queries[r * P + d]);
@@ -575,8 +591,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
         }
       }
 #pragma unroll
-      for (int i = 0; i < kHalf; ++i) {
-        const int r = h * kHalf + i;
+      for (int i = 0; i < kTokens; ++i) {
+        const int r = h * kTokens + i;
         if (r >= r0 && r <= r1) z[r * P + c] = z1[i];
       }
     }
@@ -586,11 +602,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     const bool token_active = t >= r0 && t <= r1;
     {
       float row[kColumns];
-      const float inv_std = CentreTokenRow(z, P, t, token_active, f, s, p.ln_eps, row);
+      const float inv_std = CentreTokenRow<kLanes>(z, P, t, token_active, f, s, p.ln_eps, row);
       float e[kColumns], sum_e = 0, sum_e_xhat = 0;
 #pragma unroll
       for (int m = 0; m < kColumns; ++m) {
-        const int col = s + m * kLanesPerToken;
+        const int col = s + m * kLanes;
         const float xhat = row[m] * inv_std;
         const bool live = token_active && col < f;
         const float target = live ? values[t * P + col] - keys[t * P + col] : 0.0f;
@@ -599,17 +615,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
         sum_e += e[m];
         sum_e_xhat += e[m] * xhat;
       }
-      sum_e = TokenSum(sum_e);
-      sum_e_xhat = TokenSum(sum_e_xhat);
+      sum_e = TokenSum<kLanes>(sum_e);
+      sum_e_xhat = TokenSum<kLanes>(sum_e_xhat);
 #pragma unroll
       for (int m = 0; m < kColumns; ++m) {
-        const int col = s + m * kLanesPerToken;
+        const int col = s + m * kLanes;
         const float xhat = row[m] * inv_std;
         if (token_active && col < f) {
           grads[t * P + col] = (f * e[m] - sum_e - xhat * sum_e_xhat) * inv_std / f;
         }
       }
-      for (int j = s; j <= t && token_active; j += kLanesPerToken) {
+      for (int j = s; j <= t && token_active; j += kLanes) {
         float dot = 0;
         for (int d = 0; d < f; d += 4) {
           const float4 q4 = *reinterpret_cast<const float4*>(&queries[t * P + d]);
@@ -627,8 +643,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
 #pragma unroll
       for (int j = 0; j < K; ++j) g[j] = j <= r1 ? grads[j * P + c] : 0.0f;
 #pragma unroll
-      for (int i = 0; i < kHalf; ++i) {
-        const int r = h * kHalf + i;
+      for (int i = 0; i < kTokens; ++i) {
+        const int r = h * kTokens + i;
         if (r < r0 || r > r1) continue;
         float zbar = zq[i];
 #pragma unroll
@@ -643,11 +659,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     // By token: out = q + LN(z̄). Every lane takes part in the shuffles.
     {
       float row[kColumns];
-      const float inv_std = CentreTokenRow(z, P, t, token_active, f, s, p.ln_eps, row);
+      const float inv_std = CentreTokenRow<kLanes>(z, P, t, token_active, f, s, p.ln_eps, row);
       const int64_t at = (row0 + t) * D + head * f;
 #pragma unroll
       for (int m = 0; m < kColumns; ++m) {
-        const int col = s + m * kLanesPerToken;
+        const int col = s + m * kLanes;
         if (token_active && col < f) {
           out_all[at + col] = queries[t * P + col] + gamma[col] * row[m] * inv_std + beta[col];
         }
@@ -655,7 +671,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
     }
 
     // By column, after the window's last token: θ0 becomes θ̄, W1 −= Σ_j τ·lr_j·k_jᵀ g_j and
-    // b1 −= Σ_j τ·lr_j·g_j; half h takes every other group of four rows of W1.
+    // b1 −= Σ_j τ·lr_j·g_j; group h takes every kGroups-th set of four rows of W1.
     if (r1 == K - 1) {
       if (column_active) {
         const float tau_last = p.tau[K - 1];
@@ -665,7 +681,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
           g[j] = tau_last * lrs[j] * grads[j * P + c];
           bias -= g[j];
         }
-        for (int d = 4 * h; d < f; d += 8) {
+        for (int d = 4 * h; d < f; d += 4 * kGroups) {
           float update[4] = {0, 0, 0, 0};
 #pragma unroll
           for (int j = 0; j < K; ++j) {
@@ -685,7 +701,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   }
 
   if (committed) {
-    for (int i = threadIdx.x; i < f * f / 4; i += kPrefillThreads) {
+    for (int i = threadIdx.x; i < f * f / 4; i += kThreads) {
       const int row = i / (f / 4), col = 4 * (i % (f / 4));
       const float4 w = *reinterpret_cast<const float4*>(&w1[row * P + col]);
       if (off.w1_split) {
@@ -698,7 +714,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 4)
   }
   // A window left open keeps its new rows pending in the state.
   if (r1 < K - 1) {
-    for (int i = threadIdx.x; i < (r1 - r0 + 1) * f; i += kPrefillThreads) {
+    for (int i = threadIdx.x; i < (r1 - r0 + 1) * f; i += kThreads) {
       const int row = r0 + i / f, col = i % f;
       pk[row * f + col] = keys[row * P + col];
       pg[row * f + col] = grads[row * P + col];
@@ -729,27 +745,38 @@ bool SixteenByteAligned(const TttScanParams& params, StateAddress state, TttStat
 // room for one scan warp, not two (v39).
 constexpr int kDecodeWarpsPerSmBesideScan = 7;
 
+// The device's SMs, found on first use.
+cudaError_t DeviceSms(int* sms) {
+  static std::atomic<int> count{0};
+  if (count.load() == 0) {
+    int device = 0, found = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status == cudaSuccess) {
+      status = cudaDeviceGetAttribute(&found, cudaDevAttrMultiProcessorCount, device);
+    }
+    if (status != cudaSuccess) return status;
+    count = std::max(1, found);
+  }
+  *sms = count.load();
+  return cudaSuccess;
+}
+
 // As many warps of a register budget as fit on the device at once (the decode kernel is
 // persistent: each walks items a grid apart), found on first use.
 template <int kF, int kTaps, bool kSplit, int kWarpsPerSm>
 cudaError_t ResidentDecodeWarps(int* sms, int* per_sm) {
-  static std::atomic<int> device_sms{0}, fit_per_sm{0};
+  static std::atomic<int> fit_per_sm{0};
+  if (cudaError_t status = DeviceSms(sms); status != cudaSuccess) return status;
   if (fit_per_sm.load() == 0) {
-    int device = 0, count = 0, fit = 0;
-    cudaError_t status = cudaGetDevice(&device);
-    if (status == cudaSuccess) {
-      status = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    int fit = 0;
+    if (cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &fit, TttDecodeLinearKernel<kF, kTaps, kSplit, kWarpsPerSm>, kWarp,
+            DecodeSharedBytes(kF));
+        status != cudaSuccess) {
+      return status;
     }
-    if (status == cudaSuccess) {
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &fit, TttDecodeLinearKernel<kF, kTaps, kSplit, kWarpsPerSm>, kWarp,
-          DecodeSharedBytes(kF));
-    }
-    if (status != cudaSuccess) return status;
-    device_sms = std::max(1, count);
     fit_per_sm = std::max(1, fit);
   }
-  *sms = device_sms.load();
   *per_sm = fit_per_sm.load();
   return cudaSuccess;
 }
@@ -893,9 +920,15 @@ cudaError_t TttScan(const TttScanParams& params, const Segment* segments, int nu
   if (!params.mlp && params.K == kPrefillWindow && params.f <= kPrefillMaxF &&
       SixteenByteAligned(params, state, offsets) &&
       PrefillSharedBytes(params) <= kDefaultSharedBytes) {
-    return Launch(TttPrefillLinearKernel, num_segments * params.nh, kPrefillThreads,
-                  PrefillSharedBytes(params), stream, params, segments, q, k, v, lr, state,
-                  offsets, out);
+    const int blocks = num_segments * params.nh;
+    int sms = 0;
+    if (cudaError_t status = DeviceSms(&sms); status != cudaSuccess) return status;
+    // A grid that leaves SMs idle (one short prompt's) takes the wide form.
+    const bool wide = blocks <= sms;
+    return Launch(wide ? TttPrefillLinearKernel<kWideLanes> : TttPrefillLinearKernel<kNarrowLanes>,
+                  blocks, wide ? kPrefillThreads<kWideLanes> : kPrefillThreads<kNarrowLanes>,
+                  PrefillSharedBytes(params), stream, params, segments, q, k, v, lr, state, offsets,
+                  out);
   }
   const int threads = RoundUpToWarp(params.f1);
   const size_t shared_bytes =
