@@ -61,6 +61,14 @@ build_as() {
   mkdir -p "$bins/$1"
   for target in "${targets[@]}"; do cp "$build/$target" "$bins/$1/"; done
 }
+# The files the patches touch are rebuilt for the base too: ninja goes by modification times, and
+# a checkout copied over a kept build directory can carry them older than a variant's objects
+# (the base would then be built with a patch's code).
+for patch in "${patches[@]}"; do
+  git -C "$root" apply --numstat "$patch" | cut -f3 | while read -r file; do
+    touch -c "$root/$file"  # -c: a file the patch adds is not there yet.
+  done
+done
 variants=(base)
 build_as base
 for patch in "${patches[@]}"; do
