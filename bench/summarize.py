@@ -9,6 +9,10 @@ variant, the tree the others were applied to; and the prefill's tokens/s where t
 one. Medians, because a round now and then lands on a slower moment of the machine. Where
 ttt-bench reported the digest of the chosen tokens, the line also says whether the variant chose
 the tree's tokens: a change meant to be exact should.
+
+With --table, the rows of bench/README.md's decode table instead, from the first variant's
+medians: model, batch, offset, tokens/s (median step, then mean step), step p50 / p99, and the
+fraction of the memory floor.
 """
 import argparse
 import json
@@ -36,9 +40,33 @@ def how_stepped(result):
     return how
 
 
+def model_name(result):
+    """125m-linear-mamba -> 125m TTT-Linear."""
+    preset, inner = result["model"].split("-")[:2]
+    return f"{preset} TTT-{inner.capitalize() if inner != 'mlp' else 'MLP'}"
+
+
+def print_table(configurations, variant, median):
+    def rate(tokens_per_s):  # As the table writes it: 3,632, then 12.1k.
+        return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:,.0f}"
+
+    for (_, batch, offset, how, _), by_variant in configurations.items():
+        results = by_variant.get(variant)
+        if not results:
+            continue
+        tokens = median(results, "tokens_per_s")
+        a_token = f" ({median(results, 'step_ms_p50'):.3f} ms a token)" if batch == 1 else ""
+        print(f"| {model_name(results[0])} | {batch} | {offset:,}{how} | {rate(tokens)}{a_token} "
+              f"| {rate(median(results, 'tokens_per_s_mean'))} "
+              f"| {median(results, 'step_ms_p50'):.2f} / {median(results, 'step_ms_p99'):.2f} "
+              f"| {median(results, 'fraction_of_memory_floor') * 100:.1f}% |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("record")
+    parser.add_argument("--table", action="store_true",
+                        help="print the first variant's rows as bench/README.md's table has them")
     args = parser.parse_args()
     with open(args.record) as f:
         record = json.load(f)
@@ -70,6 +98,9 @@ def main():
     def rate(tokens_per_s):
         return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:.0f}"
 
+    if args.table:
+        print_table(configurations, variants[0], median)
+        return
     print(record.get("command", ""))
     for (model, batch, offset, how, repeat), by_variant in configurations.items():
         again = f" (repeat {repeat})" if repeat else ""
