@@ -46,10 +46,16 @@ def model_name(result):
     return f"{preset} TTT-{inner.capitalize() if inner != 'mlp' else 'MLP'}"
 
 
-def print_table(configurations, variant, median):
-    def rate(tokens_per_s):  # As the table writes it: 3,632, then 12.1k.
-        return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:,.0f}"
+def median(results, field):
+    return statistics.median(r[field] for r in results)
 
+
+def rate(tokens_per_s):
+    """As the table writes it: 3,632, then 12.1k."""
+    return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:,.0f}"
+
+
+def print_table(configurations, variant):
     for (_, batch, offset, how, _), by_variant in configurations.items():
         results = by_variant.get(variant)
         if not results:
@@ -92,14 +98,8 @@ def main():
             key = (*shape, seen[shape])
             configurations.setdefault(key, {}).setdefault(run["variant"], []).append(result)
 
-    def median(results, field):
-        return statistics.median(r[field] for r in results)
-
-    def rate(tokens_per_s):
-        return f"{tokens_per_s / 1000:.1f}k" if tokens_per_s >= 10000 else f"{tokens_per_s:.0f}"
-
     if args.table:
-        print_table(configurations, variants[0], median)
+        print_table(configurations, variants[0])
         return
     print(record.get("command", ""))
     for (model, batch, offset, how, repeat), by_variant in configurations.items():
