@@ -22,11 +22,7 @@ __global__ void __launch_bounds__(1024)
     sum += v[m] * v[m];
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
-#pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) {
-    const int i = threadIdx.x + m * blockDim.x;
-    if (i < D) Store(y, base + i, v[m] * inv_rms * gain[m], out_type);
-  }
+  StoreNormedSlice(y, out_type, base, D, v, inv_rms, [&](int m, int) { return gain[m]; });
 }
 
 __global__ void __launch_bounds__(1024)

@@ -38,11 +38,7 @@ __global__ void __launch_bounds__(1024)
     sum += v[m] * v[m];
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
-#pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) {
-    const int c = threadIdx.x + m * blockDim.x;
-    if (c < D) Store(y, base + c, v[m] * inv_rms * next_norm_w[c], y_type);
-  }
+  StoreNormedSlice(y, y_type, base, D, v, inv_rms, [&](int, int c) { return next_norm_w[c]; });
 }
 
 // One block per segment: its last ck−1 rows (all of them, if fewer) take their rows of the
@@ -124,11 +120,7 @@ __global__ void __launch_bounds__(1024)
     }
   }
   const float next_inv_rms = rsqrtf(BlockSum(next_sum, scratch) / D + eps);
-#pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) {
-    const int c = threadIdx.x + m * blockDim.x;
-    if (c < D) Store(y, base + c, v[m] * next_inv_rms * next_norm_w[c], y_type);
-  }
+  StoreNormedSlice(y, y_type, base, D, v, next_inv_rms, [&](int, int c) { return next_norm_w[c]; });
 }
 
 // PreConvDecodeKernel for a conv of exactly four taps over rows of whole channel quads, 16-byte
