@@ -8,10 +8,11 @@ start while the one before it ends). So each kernel is charged only the time it 
 step: the part of its span that no earlier kernel of the step covers ("exposed"). The exposed
 times and the gaps, when no kernel runs, add up to the step.
 
-Prints, for each batch, the step (median over the recorded steps: its span, its gaps) and a
-table by kernel name and grid size: instances a step, median span, median exposed time per
-instance, and exposed time a step, largest first. With --json, the same as one JSON object a
-batch, which `bench/record.sh OUT.json bench/timeline.py FILE --json` stores with the commit.
+Prints, for each batch, the step (median over the recorded steps: its span, its gaps, the time
+from its last kernel to the next step's first) and a table by kernel name and grid size:
+instances a step, median span, median exposed time per instance, and exposed time a step,
+largest first. With --json, the same as one JSON object a batch, which `bench/record.sh
+OUT.json bench/timeline.py FILE --json` stores with the commit.
 With --order N, also the median step's first N kernels as they started, each with its start,
 end and exposed time: the chain of one layer, link by link. Steps that ran outside a graph
 (ttt-bench --joining's steps with prompts) need --first: a step then starts at each kernel whose
@@ -120,11 +121,16 @@ def summarise(batch, steps):
         for key in per_kernel:
             per_kernel[key]["per_step"].append(step_total.get(key, 0))
     table = sorted(per_kernel.items(), key=lambda kv: -statistics.median(kv[1]["per_step"]))
+    # From a step's last kernel to the next one's first: with steps queued ahead (two in flight),
+    # the copies and the launch the GPU waits for between steps.
+    between = [min(r["start"] for r in b) - max(r["end"] for r in a)
+               for a, b in zip(steps, steps[1:])]
     return {
         "batch": batch,
         "steps_recorded": len(steps),
         "step_us": statistics.median(spans) / 1e3,
         "gaps_us": statistics.median(gaps) / 1e3,
+        "between_steps_us": statistics.median(between) / 1e3 if between else None,
         "kernels_per_step": len(steps[0]),
         "kernels": [{
             "kernel": short(name),
@@ -167,8 +173,10 @@ def print_order(step, n):
 
 
 def print_table(s):
+    between = s["between_steps_us"]
     print(f"batch {s['batch']}: {s['steps_recorded']} steps, step {s['step_us']:.1f} us "
-          f"(median span), gaps {s['gaps_us']:.1f} us, {s['kernels_per_step']} kernels a step")
+          f"(median span), gaps {s['gaps_us']:.1f} us, {s['kernels_per_step']} kernels a step"
+          + (f", {between:.1f} us between steps" if between is not None else ""))
     print(f"{'exposed/step us':>16} {'share':>6} {'count':>6} {'span us':>8} "
           f"{'exposed us':>10}  kernel [grid]")
     for k in s["kernels"]:
