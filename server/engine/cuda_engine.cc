@@ -63,6 +63,46 @@ std::vector<float> InterleavedRows(std::span<const float> a, std::span<const flo
   return rows;
 }
 
+// Where each part of a step's inputs lies in the block that one copy uploads: in stream order
+// each copy waits for the one before it, and the copies between two steps' kernels are time the
+// GPU idles. Each part starts on a 16-byte boundary. The layout follows from the step's sizes
+// alone, so a decode graph's bucket always finds its parts where the graph was captured.
+struct StepInputLayout {
+  size_t segments = 0, sampling = 0, tokens = 0, row_segment = 0, out_rows = 0, bytes = 0;
+
+  StepInputLayout(int64_t rows, int64_t segment_count, int64_t logit_rows) {
+    auto part = [this](int64_t count, size_t element_bytes) {
+      const size_t at = bytes;
+      bytes += (static_cast<size_t>(count) * element_bytes + 15) / 16 * 16;
+      return at;
+    };
+    segments = part(2 * segment_count, sizeof(cu::Segment));
+    sampling = part(segment_count, sizeof(cu::SamplingRow));
+    tokens = part(rows, sizeof(int32_t));
+    row_segment = part(rows, sizeof(int32_t));
+    out_rows = part(logit_rows, sizeof(int32_t));
+  }
+};
+
+// A step's inputs in a block laid out by StepInputLayout, in pinned memory or on the device.
+struct StepInputs {
+  cu::Segment* segments = nullptr;  // The step's, then the same in the TTT kernels' order.
+  cu::SamplingRow* sampling = nullptr;
+  int32_t* tokens = nullptr;
+  int32_t* row_segment = nullptr;
+  int32_t* out_rows = nullptr;
+
+  StepInputs() = default;
+  StepInputs(void* block, const StepInputLayout& layout) {
+    char* base = static_cast<char*>(block);
+    segments = reinterpret_cast<cu::Segment*>(base + layout.segments);
+    sampling = reinterpret_cast<cu::SamplingRow*>(base + layout.sampling);
+    tokens = reinterpret_cast<int32_t*>(base + layout.tokens);
+    row_segment = reinterpret_cast<int32_t*>(base + layout.row_segment);
+    out_rows = reinterpret_cast<int32_t*>(base + layout.out_rows);
+  }
+};
+
 // GEMM operands (weights and the activations fed to them) are in the weight precision. The
 // projections that read the same input are stacked into one weight, one GEMM each:
 // in_proj = [W_q; W_k; W_v; w_lr; W_g] (k and g when the model has them; see
@@ -157,18 +197,24 @@ class CudaEngine : public Engine {
   // Grows the per-call buffers; growing moves them, which retires every captured graph (and
   // first waits for the steps in flight, which use them).
   absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
+  // Places a step of these sizes' inputs in the staging and device blocks (scratch_.in and
+  // scratch_.host_in), which EnsureScratch has sized.
+  void LayOutInputs(int64_t rows, int64_t segments, int64_t logit_rows);
+  // A decode step's, in its bucket's layout: its graph reads them where they were at capture.
+  void LayOutDecodeInputs(int64_t bucket) { LayOutInputs(bucket, bucket, /*logit_rows=*/0); }
   // The token to stage for position i of a chunk: its own, or -(r + 1) for the one that the
-  // step in flight chose in its row r (EmbeddingGather reads it from chosen_ids_).
+  // step in flight chose in its row r (EmbeddingGather reads it from chosen_).
   int32_t StagedToken(const SequenceChunk& chunk, size_t i) const {
     return chunk.takes_token_in_flight ? -(chosen_row_[chunk.slot] + 1) : chunk.tokens[i];
   }
   // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
   void SetChosenRows(std::span<const SequenceChunk> batch);
-  // After queueing a step: its results' copies to pinned memory and its completion event.
-  absl::Status EndStep(bool has_output, int64_t output_rows, bool sample);
-  // Copies the batch description staged in pinned memory to the device, with the segments'
-  // second copy (StageDecodeOrder).
-  absl::Status UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows, bool sample);
+  // After queueing a step: its results' copy to pinned memory and its completion event. A step
+  // that samples chose tokens for `sampled_rows` rows, of which the first output_rows are the
+  // batch's.
+  absl::Status EndStep(bool has_output, int64_t output_rows, bool sample, int64_t sampled_rows);
+  // Copies the step's inputs staged in pinned memory (LayOutInputs) to the device, in one copy.
+  absl::Status UploadInputs();
   // Stages, after the step's `segments` segments, the same segments in the order the TTT layer's
   // kernels take them, and returns how many come first: those of at most one token, which
   // cu::TttDecode takes where the model fits it, in the order PlanDecodeOrder gives (those whose
@@ -178,7 +224,7 @@ class CudaEngine : public Engine {
   int64_t StageDecodeOrder(int64_t segments);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
-  // `sample`, the tokens chosen from them in chosen_ids_ and chosen_logprobs_. Enqueues only:
+  // `sample`, the tokens chosen from them and their log-probs in chosen_. Enqueues only:
   // safe to capture in a graph. `decode_segments`: StageDecodeOrder's count. Where that is every
   // segment and each has one row (a decode step), the layers' other kernels take their decode
   // forms too.
@@ -201,8 +247,9 @@ class CudaEngine : public Engine {
   absl::Status Complete(std::vector<float>* logits, std::vector<SampledToken>* tokens);
   // Stages row b's sampling parameters, its draw counter the sequence's length after the step.
   void StageSampling(int64_t b, const SamplingParams& params, uint64_t step);
-  // Copies a step's results from pinned memory (output set `set` of chosen tokens) to the caller.
-  void CollectOutputs(int64_t rows, int set, std::vector<float>* logits,
+  struct PendingStep;
+  // Copies a step's results from pinned memory (its output set of chosen tokens) to the caller.
+  void CollectOutputs(const PendingStep& step, std::vector<float>* logits,
                       std::vector<SampledToken>* tokens) const;
   // The rows Gemm computes for `rows`: rounded up to a few shapes.
   static int64_t GemmRows(int64_t rows);
@@ -295,13 +342,14 @@ class CudaEngine : public Engine {
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
-    // segments: the step's, then the same in the TTT kernels' order (StageDecodeOrder).
-    DeviceBuffer tokens, row_segment, segments, out_rows, sampling;
+    // The step's inputs: staged in pinned memory, uploaded as one block (StepInputLayout).
+    PinnedBuffer host_inputs;
+    DeviceBuffer inputs;
+    size_t input_bytes = 0;  // The current step's block.
+    StepInputs host_in, in;  // Its parts, staged and on the device.
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
     DeviceBuffer ffn, ffn_act, final_rows, final_in, logits;
     DeviceBuffer row_squares;  // cu::FeedForwardEntry's.
-    // Host staging of the batch description, the sampling parameters and the logits.
-    PinnedBuffer host_tokens, host_row_segment, host_segments, host_out_rows, host_sampling;
     PinnedBuffer host_logits;
     struct {
       int64_t rows = 0, segments = 0, logit_rows = 0;
@@ -324,13 +372,11 @@ class CudaEngine : public Engine {
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
   std::string single_sequence_decode_;  // Which path, and why.
 
-  // The tokens a step chooses: on the device, where the next step may take them, and in pinned
-  // memory, one output set per step in flight. Grown with the scratch, keeping what they hold.
-  DeviceBuffer chosen_ids_, chosen_logprobs_;
-  struct ChosenOnHost {
-    PinnedBuffer ids, logprobs;
-  };
-  std::array<ChosenOnHost, kMaxStepsInFlight> host_chosen_;
+  // The tokens a step chooses, ids then log-probs (n of each, n the rows it samples), so that one
+  // copy brings both: on the device, where the next step may take the ids, and in pinned memory,
+  // one output set per step in flight. Grown with the scratch, keeping what they hold.
+  DeviceBuffer chosen_;
+  std::array<PinnedBuffer, kMaxStepsInFlight> host_chosen_;
   // By output set: a step's first and last operation on the device, timed.
   std::array<cudaEvent_t, kMaxStepsInFlight> step_start_{}, step_done_{};
   int next_output_set_ = 0;
@@ -341,9 +387,10 @@ class CudaEngine : public Engine {
   std::vector<SequenceSlot> chosen_slots_;
   // Steps queued on the stream whose results have not been collected yet, oldest first.
   struct PendingStep {
-    bool has_output = false;  // Whether Forward wants logits (LogitsFor::kNone does not).
-    int64_t output_rows = 0;  // Rows of logits, or of sampled tokens.
-    int output_set = 0;       // Its pinned output set and completion event.
+    bool has_output = false;   // Whether Forward wants logits (LogitsFor::kNone does not).
+    int64_t output_rows = 0;   // Rows of logits, or of sampled tokens.
+    int64_t sampled_rows = 0;  // Where the log-probs start in its output set.
+    int output_set = 0;        // Its pinned output set and completion event.
   };
   std::deque<PendingStep> pending_;
 };
@@ -527,9 +574,9 @@ absl::Status CudaEngine::UploadWeights() {
     TTT_ASSIGN_OR_RETURN(w.post_norm_w, UploadFloats(ttt("post_norm.weight")));
     TTT_ASSIGN_OR_RETURN(w.post_norm_b, UploadFloats(ttt("post_norm.bias")));
     TTT_ASSIGN_OR_RETURN(w.ffn_norm, UploadFloats(layer("ffn_norm.weight")));
-    TTT_ASSIGN_OR_RETURN(w.gate_up, UploadGemmWeight(InterleavedRows(layer("mlp.gate_proj.weight"),
-                                                                     layer("mlp.up_proj.weight"),
-                                                                     D)));
+    TTT_ASSIGN_OR_RETURN(w.gate_up,
+                         UploadGemmWeight(InterleavedRows(layer("mlp.gate_proj.weight"),
+                                                          layer("mlp.up_proj.weight"), D)));
     TTT_ASSIGN_OR_RETURN(w.down_proj, UploadGemmWeight(layer("mlp.down_proj.weight")));
     TTT_ASSIGN_OR_RETURN(w.tau, UploadFloats(WindowStepScales(c, model_->weights, i)));
   }
@@ -654,10 +701,11 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
     }
     return absl::OkStatus();
   };
-  TTT_RETURN_IF_ERROR(reserve(s.tokens, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.row_segment, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.segments, 2 * S * sizeof(cu::Segment)));
-  TTT_RETURN_IF_ERROR(reserve(s.out_rows, L * sizeof(int32_t)));
+  // Each part of the layout grows with its count, so a block of the largest step's bytes holds
+  // every step within that room.
+  const size_t input_bytes = StepInputLayout(R, S, L).bytes;
+  TTT_RETURN_IF_ERROR(reserve(s.inputs, input_bytes));
+  TTT_RETURN_IF_ERROR(reserve(s.host_inputs, input_bytes));
   for (DeviceBuffer* b : {&s.h, &s.q, &s.k, &s.v, &s.ttt_out, &s.conv_in}) {
     TTT_RETURN_IF_ERROR(reserve(*b, R * D * f4));
   }
@@ -672,25 +720,18 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.final_rows, L * D * f4));
   TTT_RETURN_IF_ERROR(reserve(s.final_in, L * D * g));
   TTT_RETURN_IF_ERROR(reserve(s.logits, L * c.vocab_size * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.host_tokens, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_row_segment, R * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_segments, 2 * S * sizeof(cu::Segment)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_out_rows, L * sizeof(int32_t)));
   TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
-  TTT_RETURN_IF_ERROR(reserve(s.sampling, S * sizeof(cu::SamplingRow)));
-  TTT_RETURN_IF_ERROR(reserve(s.host_sampling, S * sizeof(cu::SamplingRow)));
   // The chosen tokens keep what they hold: the next step may take them, Complete may collect them.
   auto keep = [&](auto& buffer, size_t bytes) -> absl::Status {
     if (bytes <= buffer.bytes()) return absl::OkStatus();
     grew = true;
     return buffer.GrowKeeping(bytes, stream_);
   };
-  TTT_RETURN_IF_ERROR(keep(chosen_ids_, S * sizeof(int32_t)));
-  TTT_RETURN_IF_ERROR(keep(chosen_logprobs_, S * f4));
-  for (ChosenOnHost& set : host_chosen_) {
-    TTT_RETURN_IF_ERROR(keep(set.ids, S * sizeof(int32_t)));
-    TTT_RETURN_IF_ERROR(keep(set.logprobs, S * f4));
-  }
+  // A step samples one row a segment: its ids and log-probs, 4 bytes each.
+  const size_t chosen_bytes = 2 * S * 4;
+  static_assert(sizeof(int32_t) == 4 && sizeof(float) == 4);
+  TTT_RETURN_IF_ERROR(keep(chosen_, chosen_bytes));
+  for (PinnedBuffer& set : host_chosen_) TTT_RETURN_IF_ERROR(keep(set, chosen_bytes));
   s.room = {.rows = static_cast<int64_t>(R),
             .segments = static_cast<int64_t>(S),
             .logit_rows = static_cast<int64_t>(L)};
@@ -698,47 +739,41 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::UploadInputs(int64_t rows, int64_t segments, int64_t logit_rows,
-                                      bool sample) {
+void CudaEngine::LayOutInputs(int64_t rows, int64_t segments, int64_t logit_rows) {
   Scratch& s = scratch_;
-  TTT_CUDA(cudaMemcpyAsync(s.tokens.get(), s.host_tokens.get<int32_t>(), rows * sizeof(int32_t),
+  const StepInputLayout layout(rows, segments, logit_rows);
+  s.input_bytes = layout.bytes;
+  s.host_in = StepInputs(s.host_inputs.get(), layout);
+  s.in = StepInputs(s.inputs.get(), layout);
+}
+
+absl::Status CudaEngine::UploadInputs() {
+  Scratch& s = scratch_;
+  TTT_CUDA(cudaMemcpyAsync(s.inputs.get(), s.host_inputs.get(), s.input_bytes,
                            cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cudaMemcpyAsync(s.row_segment.get(), s.host_row_segment.get<int32_t>(),
-                           rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cudaMemcpyAsync(s.segments.get(), s.host_segments.get<cu::Segment>(),
-                           2 * segments * sizeof(cu::Segment), cudaMemcpyHostToDevice, stream_));
-  if (logit_rows > 0) {
-    TTT_CUDA(cudaMemcpyAsync(s.out_rows.get(), s.host_out_rows.get<int32_t>(),
-                             logit_rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  }
-  if (sample) {
-    TTT_CUDA(cudaMemcpyAsync(s.sampling.get(), s.host_sampling.get<cu::SamplingRow>(),
-                             segments * sizeof(cu::SamplingRow), cudaMemcpyHostToDevice, stream_));
-  }
   TTT_CUDA(cudaEventRecord(inputs_uploaded_, stream_));
   return absl::OkStatus();
 }
 
 void CudaEngine::StageSampling(int64_t b, const SamplingParams& params, uint64_t step) {
-  scratch_.host_sampling.get<cu::SamplingRow>()[b] = {.temperature = params.temperature,
-                                                      .top_k = params.top_k,
-                                                      .top_p = params.top_p,
-                                                      .min_p = params.min_p,
-                                                      .seed = params.seed,
-                                                      .step = step};
+  scratch_.host_in.sampling[b] = {.temperature = params.temperature,
+                                  .top_k = params.top_k,
+                                  .top_p = params.top_p,
+                                  .min_p = params.min_p,
+                                  .seed = params.seed,
+                                  .step = step};
 }
 
-void CudaEngine::CollectOutputs(int64_t rows, int set, std::vector<float>* logits,
+void CudaEngine::CollectOutputs(const PendingStep& step, std::vector<float>* logits,
                                 std::vector<SampledToken>* tokens) const {
   if (tokens != nullptr) {
-    const ChosenOnHost& chosen = host_chosen_[set];
-    tokens->resize(rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      (*tokens)[r] = {chosen.ids.get<int32_t>()[r], chosen.logprobs.get<float>()[r]};
-    }
+    const int32_t* ids = host_chosen_[step.output_set].get<int32_t>();
+    const float* logprobs = host_chosen_[step.output_set].get<float>() + step.sampled_rows;
+    tokens->resize(step.output_rows);
+    for (int64_t r = 0; r < step.output_rows; ++r) (*tokens)[r] = {ids[r], logprobs[r]};
   } else {
     const float* host = scratch_.host_logits.get<float>();
-    logits->assign(host, host + rows * model_->config.vocab_size);
+    logits->assign(host, host + step.output_rows * model_->config.vocab_size);
   }
 }
 
@@ -830,34 +865,32 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   const int64_t logit_rows =
       which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
   const bool has_output = which != LogitsFor::kNone;
-  if (rows == 0) return EndStep(has_output, 0, /*sample=*/false);
+  if (rows == 0) return EndStep(has_output, 0, /*sample=*/false, 0);
   TTT_RETURN_IF_ERROR(EnsureScratch(rows, segments, logit_rows));
-  Scratch& s = scratch_;
-  int32_t* host_tokens = s.host_tokens.get<int32_t>();
-  int32_t* host_row_segment = s.host_row_segment.get<int32_t>();
-  int32_t* host_out_rows = s.host_out_rows.get<int32_t>();
+  LayOutInputs(rows, segments, logit_rows);
+  const StepInputs& staged = scratch_.host_in;
   int32_t row = 0;
   for (int64_t b = 0; b < segments; ++b) {
     const SequenceChunk& chunk = batch[b];
     const int32_t n = static_cast<int32_t>(chunk.length());
-    s.host_segments.get<cu::Segment>()[b] = {
+    staged.segments[b] = {
         .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
     for (int32_t i = 0; i < n; ++i) {
-      host_tokens[row + i] = StagedToken(chunk, i);
-      host_row_segment[row + i] = static_cast<int32_t>(b);
-      if (which == LogitsFor::kEveryToken) host_out_rows[row + i] = row + i;
+      staged.tokens[row + i] = StagedToken(chunk, i);
+      staged.row_segment[row + i] = static_cast<int32_t>(b);
+      if (which == LogitsFor::kEveryToken) staged.out_rows[row + i] = row + i;
     }
     row += n;
-    if (which == LogitsFor::kLastToken) host_out_rows[b] = row - 1;
+    if (which == LogitsFor::kLastToken) staged.out_rows[b] = row - 1;
     if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
   }
   const int64_t decode_segments = StageDecodeOrder(segments);
-  TTT_RETURN_IF_ERROR(UploadInputs(rows, segments, logit_rows, sample));
+  TTT_RETURN_IF_ERROR(UploadInputs());
   TTT_RETURN_IF_ERROR(
       EnqueueForward(rows, segments, decode_segments, logit_rows, /*gather=*/true, sample));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
   SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
-  return EndStep(has_output, logit_rows, sample);
+  return EndStep(has_output, logit_rows, sample, logit_rows);
 }
 
 absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
@@ -868,31 +901,32 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   int64_t bucket = 1;
   while (bucket < n) bucket *= 2;
   TTT_RETURN_IF_ERROR(EnsureScratch(bucket, bucket, bucket));
-  Scratch& s = scratch_;
+  LayOutDecodeInputs(bucket);
+  const StepInputs& staged = scratch_.host_in;
   for (int64_t b = 0; b < bucket; ++b) {
     const bool real = b < n;
     const SequenceSlot slot = real ? batch[b].slot : batch[0].slot;
-    s.host_segments.get<cu::Segment>()[b] = {.row = static_cast<int32_t>(b),
-                                             .count = real ? 1 : 0,
-                                             .slot = slot,
-                                             .start = real ? lengths_[slot] : 0};
-    s.host_tokens.get<int32_t>()[b] = real ? StagedToken(batch[b], 0) : 0;
-    s.host_row_segment.get<int32_t>()[b] = static_cast<int32_t>(b);
+    staged.segments[b] = {.row = static_cast<int32_t>(b),
+                          .count = real ? 1 : 0,
+                          .slot = slot,
+                          .start = real ? lengths_[slot] : 0};
+    staged.tokens[b] = real ? StagedToken(batch[b], 0) : 0;
+    staged.row_segment[b] = static_cast<int32_t>(b);
     if (sample) StageSampling(b, real ? sampling[b] : SamplingParams{}, lengths_[slot] + 1);
   }
   StageDecodeOrder(bucket);
-  TTT_RETURN_IF_ERROR(UploadInputs(bucket, bucket, 0, sample));
+  TTT_RETURN_IF_ERROR(UploadInputs());
 
   TTT_ASSIGN_OR_RETURN(const cudaGraphExec_t graph, DecodeGraphFor(bucket, sample));
   TTT_CUDA(cudaGraphLaunch(graph, stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
   SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
-  return EndStep(/*has_output=*/true, n, sample);
+  return EndStep(/*has_output=*/true, n, sample, /*sampled_rows=*/bucket);
 }
 
 int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
   Scratch& s = scratch_;
-  cu::Segment* staged = s.host_segments.get<cu::Segment>();
+  cu::Segment* staged = s.host_in.segments;
   const int64_t K = model_->config.mini_batch_size;
   decode_candidates_.clear();
   decode_work_.clear();
@@ -930,6 +964,7 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
     // A mixed step that failed part-way leaves the scan stream unjoined; joined inside the
     // capture, its wait would reach outside the graph.
     TTT_RETURN_IF_ERROR(JoinScanStream());
+    LayOutDecodeInputs(bucket);
     TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     const absl::Status enqueued = EnqueueForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
                                                  /*gather=*/false, sample);
@@ -968,17 +1003,21 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample) {
+absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample,
+                                 int64_t sampled_rows) {
   const int set = next_output_set_;
   next_output_set_ = (next_output_set_ + 1) % kMaxStepsInFlight;
   if (sample && output_rows > 0) {
-    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].ids.get(), chosen_ids_.get(),
-                             output_rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].logprobs.get(), chosen_logprobs_.get(),
-                             output_rows * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    // The batch's ids, the idle rows' after them, then the batch's log-probs.
+    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].get(), chosen_.get(),
+                             (sampled_rows + output_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                             stream_));
   }
   TTT_CUDA(cudaEventRecord(step_done_[set], stream_));
-  pending_.push_back({.has_output = has_output, .output_rows = output_rows, .output_set = set});
+  pending_.push_back({.has_output = has_output,
+                      .output_rows = output_rows,
+                      .sampled_rows = sampled_rows,
+                      .output_set = set});
   return absl::OkStatus();
 }
 
@@ -992,7 +1031,7 @@ absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<Sample
   TTT_CUDA(cudaEventElapsedTime(&milliseconds, step_start_[step.output_set],
                                 step_done_[step.output_set]));
   collected_device_time_ = absl::Milliseconds(milliseconds);
-  if (step.has_output) CollectOutputs(step.output_rows, step.output_set, logits, tokens);
+  if (step.has_output) CollectOutputs(step, logits, tokens);
   return absl::OkStatus();
 }
 
@@ -1001,8 +1040,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   Scratch& s = scratch_;
-  TTT_CUDA(cu::EmbeddingGather(s.tokens.get<int32_t>(), rows, chosen_ids_.get<int32_t>(),
-                               embedding_, gemm_type(), D, s.h.get<float>(), stream_));
+  TTT_CUDA(cu::EmbeddingGather(s.in.tokens, rows, chosen_.get<int32_t>(), embedding_, gemm_type(),
+                               D, s.h.get<float>(), stream_));
   const bool one_token_each = OneTokenEach(rows, num_segments, decode_segments);
   if (rows == 1 && one_token_each && sequence_step_) {
     TTT_CUDA(cu::SequenceStep(SequenceStepArgs(), sequence_step_layer_, gemm_type(), stream_));
@@ -1015,7 +1054,7 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   if (logit_rows == 0) return absl::OkStatus();
   const float* final_rows = s.h.get<float>();
   if (gather) {
-    TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.out_rows.get<int32_t>(), logit_rows, D,
+    TTT_CUDA(cu::GatherRows(s.h.get<float>(), s.in.out_rows, logit_rows, D,
                             s.final_rows.get<float>(), stream_));
     final_rows = s.final_rows.get<float>();
   }
@@ -1026,9 +1065,8 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   TTT_RETURN_IF_ERROR(Product(final_norm, logit_rows, D, lm_head_, V, cu::ProductOutput::kStore,
                               s.logits.get(), s.final_in.get()));
   if (sample) {
-    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V,
-                              s.sampling.get<cu::SamplingRow>(), chosen_ids_.get<int32_t>(),
-                              chosen_logprobs_.get<float>(), stream_));
+    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V, s.in.sampling,
+                              chosen_.get<int32_t>(), chosen_.get<float>() + logit_rows, stream_));
   } else {
     TTT_CUDA(cudaMemcpyAsync(s.host_logits.get<float>(), s.logits.get(),
                              logit_rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -1172,7 +1210,7 @@ cu::SequenceStepArgs CudaEngine::SequenceStepArgs() const {
           .ln_eps = kLayerNormEps,
           .conv_history_offset = layout_.conv_pre,
           .offsets = TttOffsets(),
-          .segment = s.segments.get<const cu::Segment>(),
+          .segment = s.in.segments,
           .states = pool_.get<float>(),
           .slot_floats = layout_.total_floats(),
           .h = s.h.get<float>(),
@@ -1199,8 +1237,8 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
   const int f = c.head_dim(), ck = c.conv_kernel;
   const float rms_eps = static_cast<float>(c.rms_norm_eps);
   Scratch& s = scratch_;
-  const auto* segments = s.segments.get<cu::Segment>();
-  const auto* row_segment = s.row_segment.get<int32_t>();
+  const cu::Segment* segments = s.in.segments;
+  const int32_t* row_segment = s.in.row_segment;
   const cu::StateAddress state{pool_.get<float>(), layout_.total_floats(),
                                layout_.layer_offset(layer)};
   float* h = s.h.get<float>();
@@ -1225,8 +1263,8 @@ absl::Status CudaEngine::ForwardLayer(int64_t layer, int64_t rows, int64_t num_s
                              layout_.conv_pre, h, rms_eps, w.seq_norm, s.x.get(), gemm_type(),
                              /*skip_one_row_segments=*/true, stream_));
     TTT_CUDA(cu::PreConvDecode(h, decode_segments, /*segment_rows=*/true, D, w.conv_norm, rms_eps,
-                               w.conv_w, w.conv_b, ck, ordered, state, layout_.conv_pre,
-                               w.seq_norm, s.x.get(), gemm_type(), stream_));
+                               w.conv_w, w.conv_b, ck, ordered, state, layout_.conv_pre, w.seq_norm,
+                               s.x.get(), gemm_type(), stream_));
     TTT_CUDA(cu::AdvanceConvHistory(normed, D, num_segments - decode_segments, D, ck,
                                     ordered + decode_segments, state, layout_.conv_pre, stream_));
   } else {
