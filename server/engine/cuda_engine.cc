@@ -197,8 +197,8 @@ class CudaEngine : public Engine {
   // Grows the per-call buffers; growing moves them, which retires every captured graph (and
   // first waits for the steps in flight, which use them).
   absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
-  // Places a step of these sizes' inputs in the staging and device blocks (scratch_.in and
-  // scratch_.host_in), which EnsureScratch has sized.
+  // Lays out the inputs of a step of these sizes in the staging and device blocks, which
+  // EnsureScratch has sized: scratch_.host_in and scratch_.in then point at their parts.
   void LayOutInputs(int64_t rows, int64_t segments, int64_t logit_rows);
   // A decode step's, in its bucket's layout: its graph reads them where they were at capture.
   void LayOutDecodeInputs(int64_t bucket) { LayOutInputs(bucket, bucket, /*logit_rows=*/0); }
