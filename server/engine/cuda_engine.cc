@@ -574,9 +574,9 @@ absl::Status CudaEngine::UploadWeights() {
     TTT_ASSIGN_OR_RETURN(w.post_norm_w, UploadFloats(ttt("post_norm.weight")));
     TTT_ASSIGN_OR_RETURN(w.post_norm_b, UploadFloats(ttt("post_norm.bias")));
     TTT_ASSIGN_OR_RETURN(w.ffn_norm, UploadFloats(layer("ffn_norm.weight")));
-    TTT_ASSIGN_OR_RETURN(w.gate_up,
-                         UploadGemmWeight(InterleavedRows(layer("mlp.gate_proj.weight"),
-                                                          layer("mlp.up_proj.weight"), D)));
+    TTT_ASSIGN_OR_RETURN(w.gate_up, UploadGemmWeight(InterleavedRows(layer("mlp.gate_proj.weight"),
+                                                                     layer("mlp.up_proj.weight"),
+                                                                     D)));
     TTT_ASSIGN_OR_RETURN(w.down_proj, UploadGemmWeight(layer("mlp.down_proj.weight")));
     TTT_ASSIGN_OR_RETURN(w.tau, UploadFloats(WindowStepScales(c, model_->weights, i)));
   }
