@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -130,10 +131,15 @@ class CudaEngine : public Engine {
         if (event != nullptr) cudaEventDestroy(event);
       }
     }
-    for (cudaEvent_t event : {inputs_uploaded_, projected_, scanned_}) {
+    for (const std::array<cudaEvent_t, kMaxStepsInFlight>& events : {uploaded_, finished_}) {
+      for (cudaEvent_t event : events) {
+        if (event != nullptr) cudaEventDestroy(event);
+      }
+    }
+    for (cudaEvent_t event : {projected_, scanned_}) {
       if (event != nullptr) cudaEventDestroy(event);
     }
-    for (cudaStream_t stream : {scan_stream_, stream_}) {
+    for (cudaStream_t stream : {scan_stream_, upload_stream_, download_stream_, stream_}) {
       if (stream != nullptr) cudaStreamDestroy(stream);
     }
   }
@@ -197,23 +203,27 @@ class CudaEngine : public Engine {
   // Grows the per-call buffers; growing moves them, which retires every captured graph (and
   // first waits for the steps in flight, which use them).
   absl::Status EnsureScratch(int64_t rows, int64_t segments, int64_t logit_rows);
-  // Lays out the inputs of a step of these sizes in the staging and device blocks, which
-  // EnsureScratch has sized: scratch_.host_in and scratch_.in then point at their parts.
+  // Lays out the inputs of a step of these sizes in its output set's staging and device blocks,
+  // which EnsureScratch has sized: scratch_.host_in and scratch_.in then point at their parts.
   void LayOutInputs(int64_t rows, int64_t segments, int64_t logit_rows);
   // A decode step's, in its bucket's layout: its graph reads them where they were at capture.
   void LayOutDecodeInputs(int64_t bucket) { LayOutInputs(bucket, bucket, /*logit_rows=*/0); }
   // The token to stage for position i of a chunk: its own, or -(r + 1) for the one that the
-  // step in flight chose in its row r (EmbeddingGather reads it from chosen_).
+  // step in flight chose, r its place in chosen_ (EmbeddingGather reads it there).
   int32_t StagedToken(const SequenceChunk& chunk, size_t i) const {
-    return chunk.takes_token_in_flight ? -(chosen_row_[chunk.slot] + 1) : chunk.tokens[i];
+    if (!chunk.takes_token_in_flight) return chunk.tokens[i];
+    return -(chosen_set_ * chosen_stride_ + chosen_row_[chunk.slot] + 1);
   }
+  // Where the tokens a step of output set `set` chooses go on the device: ids, then log-probs.
+  int32_t* chosen_ids(int set) const { return chosen_.get<int32_t>() + set * chosen_stride_; }
   // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
   void SetChosenRows(std::span<const SequenceChunk> batch);
-  // After queueing a step: its results' copy to pinned memory and its completion event. A step
-  // that samples chose tokens for `sampled_rows` rows, of which the first output_rows are the
-  // batch's.
+  // After queueing a step: its results' copy to pinned memory on download_stream_ and its
+  // completion event. A step that samples chose tokens for `sampled_rows` rows, of which the
+  // first output_rows are the batch's.
   absl::Status EndStep(bool has_output, int64_t output_rows, bool sample, int64_t sampled_rows);
-  // Copies the step's inputs staged in pinned memory (LayOutInputs) to the device, in one copy.
+  // Copies the step's inputs staged in pinned memory (LayOutInputs) to the device, in one copy on
+  // upload_stream_, which the step's kernels wait for.
   absl::Status UploadInputs();
   // Stages, after the step's `segments` segments, the same segments in the order the TTT layer's
   // kernels take them, and returns how many come first: those of at most one token, which
@@ -223,11 +233,11 @@ class CudaEngine : public Engine {
   // decode rows as fast as a decode step does (bench/README.md v29).
   int64_t StageDecodeOrder(int64_t segments);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
-  // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in pinned memory, or, when
-  // `sample`, the tokens chosen from them and their log-probs in chosen_. Enqueues only:
-  // safe to capture in a graph. `decode_segments`: StageDecodeOrder's count. Where that is every
-  // segment and each has one row (a decode step), the layers' other kernels take their decode
-  // forms too.
+  // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in scratch_.logits, or, when
+  // `sample`, the tokens chosen from them and their log-probs in the step's part of chosen_.
+  // Enqueues only: safe to capture in a graph. `decode_segments`: StageDecodeOrder's count.
+  // Where that is every segment and each has one row (a decode step), the layers' other kernels
+  // take their decode forms too.
   absl::Status EnqueueForward(int64_t rows, int64_t num_segments, int64_t decode_segments,
                               int64_t logit_rows, bool gather, bool sample);
   // Queues Forward (!sample) or ForwardAndSample over a validated batch, advancing the
@@ -238,8 +248,12 @@ class CudaEngine : public Engine {
   // GEMM shape such steps use once, and captures the decode graph of every bucket up to
   // decode_rows.
   absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
-  // The decode graph of a batch-size bucket, captured on first use.
+  // The decode graph of a batch-size bucket for the step's output set, captured on first use.
   absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
+  // Drops a bucket's sampling graphs (every output set's), to be captured again on next use.
+  void ForgetSamplingGraphs(int64_t bucket) {
+    for (int set = 0; set < kMaxStepsInFlight; ++set) graphs_.erase({bucket, true, set});
+  }
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
@@ -310,6 +324,12 @@ class CudaEngine : public Engine {
   CudaEngineOptions options_;
   StateLayout layout_;
   cudaStream_t stream_ = nullptr;
+  // A step's inputs go up on upload_stream_ and its results come down on download_stream_, so
+  // that with two steps in flight the next step's upload and the last step's download run under
+  // the kernels rather than between them (on stream_ each copy would wait for the kernels before
+  // it, and the kernels after it for the copy). Each step in flight has an output set: its input
+  // blocks, its part of chosen_, its pinned results and its events.
+  cudaStream_t upload_stream_ = nullptr, download_stream_ = nullptr;
   // In a step that mixes prompts with single tokens, the prompts' TTT kernels run on
   // scan_stream_ beside the decode kernel on stream_: forked after in_proj (projected_), joined
   // before the layer's output (scanned_). The scan's inputs and the history's advance then run
@@ -342,9 +362,10 @@ class CudaEngine : public Engine {
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
-    // The step's inputs: staged in pinned memory, uploaded as one block (StepInputLayout).
-    PinnedBuffer host_inputs;
-    DeviceBuffer inputs;
+    // The step's inputs: staged in pinned memory, uploaded as one block (StepInputLayout), by
+    // output set.
+    std::array<PinnedBuffer, kMaxStepsInFlight> host_inputs;
+    std::array<DeviceBuffer, kMaxStepsInFlight> inputs;
     size_t input_bytes = 0;  // The current step's block.
     StepInputs host_in, in;  // Its parts, staged and on the device.
     DeviceBuffer h, x, proj, q, k, v, lr, ttt_out, y_gemm, conv_in;
@@ -359,11 +380,8 @@ class CudaEngine : public Engine {
   std::vector<int32_t> decode_candidates_;  // The segments of at most one token.
   std::vector<DecodeWork> decode_work_;     // Theirs.
   std::vector<int32_t> decode_order_;       // Indices into decode_candidates_.
-  // Signalled when the newest step's inputs have left the host staging buffers, which the next
-  // step may then overwrite.
-  cudaEvent_t inputs_uploaded_ = nullptr;
-  // Captured decode steps by (batch-size bucket, whether they sample).
-  std::map<std::pair<int64_t, bool>, std::unique_ptr<DecodeGraph>> graphs_;
+  // Captured decode steps by (batch-size bucket, whether they sample, output set).
+  std::map<std::tuple<int64_t, bool, int>, std::unique_ptr<DecodeGraph>> graphs_;
   // cu::SequenceStep's layer table (on the device; its first layer on the host too) and
   // grid-barrier counters; whether the model fits it.
   DeviceBuffer sequence_step_layers_, sequence_step_counters_;
@@ -373,17 +391,22 @@ class CudaEngine : public Engine {
   std::string single_sequence_decode_;  // Which path, and why.
 
   // The tokens a step chooses, ids then log-probs (n of each, n the rows it samples), so that one
-  // copy brings both: on the device, where the next step may take the ids, and in pinned memory,
-  // one output set per step in flight. Grown with the scratch, keeping what they hold.
+  // copy brings both: on the device, where the next step may take the ids, and in pinned memory.
+  // On the device each output set has chosen_stride_ of chosen_'s elements, and a staged token
+  // names the set and the row it takes (StagedToken): a decode graph then reads whichever set
+  // the step before it wrote. Grown with the scratch, keeping what they hold.
   DeviceBuffer chosen_;
+  int32_t chosen_stride_ = 0;
   std::array<PinnedBuffer, kMaxStepsInFlight> host_chosen_;
-  // By output set: a step's first and last operation on the device, timed.
-  std::array<cudaEvent_t, kMaxStepsInFlight> step_start_{}, step_done_{};
-  int next_output_set_ = 0;
+  // By output set: a step's first operation on stream_ and its last on download_stream_ (timed),
+  // its inputs' upload, and its last kernel.
+  std::array<cudaEvent_t, kMaxStepsInFlight> step_start_{}, step_done_{}, uploaded_{}, finished_{};
+  int step_set_ = 0;  // The output set of the step being queued.
   std::optional<absl::Duration> collected_device_time_;
   // Each slot's row in the newest step in flight that chooses tokens (-1: none), and the slots
-  // that have one.
+  // that have one; that step's output set.
   std::vector<int32_t> chosen_row_;
+  int chosen_set_ = 0;
   std::vector<SequenceSlot> chosen_slots_;
   // Steps queued on the stream whose results have not been collected yet, oldest first.
   struct PendingStep {
@@ -451,8 +474,11 @@ absl::Status CudaEngine::Initialize() {
   for (int set = 0; set < kMaxStepsInFlight; ++set) {
     TTT_CUDA(cudaEventCreate(&step_start_[set]));
     TTT_CUDA(cudaEventCreate(&step_done_[set]));
+    TTT_CUDA(cudaEventCreateWithFlags(&uploaded_[set], cudaEventDisableTiming));
+    TTT_CUDA(cudaEventCreateWithFlags(&finished_[set], cudaEventDisableTiming));
   }
-  TTT_CUDA(cudaEventCreateWithFlags(&inputs_uploaded_, cudaEventDisableTiming));
+  TTT_CUDA(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
+  TTT_CUDA(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking));
   TTT_CUDA(cudaStreamCreateWithFlags(&scan_stream_, cudaStreamNonBlocking));
   TTT_CUDA(cudaEventCreateWithFlags(&projected_, cudaEventDisableTiming));
   TTT_CUDA(cudaEventCreateWithFlags(&scanned_, cudaEventDisableTiming));
@@ -668,6 +694,7 @@ absl::Status CudaEngine::Validate(std::span<const SequenceChunk> batch, LogitsFo
 void CudaEngine::SetChosenRows(std::span<const SequenceChunk> batch) {
   for (SequenceSlot slot : chosen_slots_) chosen_row_[slot] = -1;
   chosen_slots_.clear();
+  chosen_set_ = step_set_;
   for (size_t b = 0; b < batch.size(); ++b) {
     chosen_row_[batch[b].slot] = static_cast<int32_t>(b);
     chosen_slots_.push_back(batch[b].slot);
@@ -686,8 +713,9 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   if (rows <= s.room.rows && segments <= s.room.segments && logit_rows <= s.room.logit_rows) {
     return absl::OkStatus();
   }
-  // The buffers are about to move: the steps in flight must be done with them.
-  if (!pending_.empty()) TTT_CUDA(cudaStreamSynchronize(stream_));
+  // The buffers are about to move: the steps in flight must be done with them (the newest's
+  // end on download_stream_ follows every copy and kernel of those before it).
+  if (!pending_.empty()) TTT_CUDA(cudaEventSynchronize(step_done_[pending_.back().output_set]));
   const size_t D = c.hidden_size, I = c.intermediate_size;
   const size_t nh = c.num_attention_heads, g = gemm_element_bytes(), f4 = sizeof(float);
   bool grew = false;
@@ -704,8 +732,10 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   // Each part of the layout grows with its count, so a block of the largest step's bytes holds
   // every step within that room.
   const size_t input_bytes = StepInputLayout(R, S, L).bytes;
-  TTT_RETURN_IF_ERROR(reserve(s.inputs, input_bytes));
-  TTT_RETURN_IF_ERROR(reserve(s.host_inputs, input_bytes));
+  for (int set = 0; set < kMaxStepsInFlight; ++set) {
+    TTT_RETURN_IF_ERROR(reserve(s.inputs[set], input_bytes));
+    TTT_RETURN_IF_ERROR(reserve(s.host_inputs[set], input_bytes));
+  }
   for (DeviceBuffer* b : {&s.h, &s.q, &s.k, &s.v, &s.ttt_out, &s.conv_in}) {
     TTT_RETURN_IF_ERROR(reserve(*b, R * D * f4));
   }
@@ -722,16 +752,25 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   TTT_RETURN_IF_ERROR(reserve(s.logits, L * c.vocab_size * f4));
   TTT_RETURN_IF_ERROR(reserve(s.host_logits, L * c.vocab_size * f4));
   // The chosen tokens keep what they hold: the next step may take them, Complete may collect them.
-  auto keep = [&](auto& buffer, size_t bytes) -> absl::Status {
-    if (bytes <= buffer.bytes()) return absl::OkStatus();
-    grew = true;
-    return buffer.GrowKeeping(bytes, stream_);
-  };
   // A step samples one row a segment: its ids and log-probs, 4 bytes each.
-  const size_t chosen_bytes = 2 * S * 4;
   static_assert(sizeof(int32_t) == 4 && sizeof(float) == 4);
-  TTT_RETURN_IF_ERROR(keep(chosen_, chosen_bytes));
-  for (PinnedBuffer& set : host_chosen_) TTT_RETURN_IF_ERROR(keep(set, chosen_bytes));
+  const int32_t stride = static_cast<int32_t>(2 * S);
+  if (stride > chosen_stride_) {
+    grew = true;
+    DeviceBuffer wider;
+    TTT_RETURN_IF_ERROR(wider.Reserve(kMaxStepsInFlight * stride * sizeof(int32_t)));
+    for (int set = 0; set < kMaxStepsInFlight && chosen_stride_ > 0; ++set) {
+      TTT_CUDA(cudaMemcpyAsync(wider.get<int32_t>() + set * stride, chosen_ids(set),
+                               chosen_stride_ * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                               stream_));
+    }
+    TTT_CUDA(cudaStreamSynchronize(stream_));  // Before the old buffer goes.
+    chosen_ = std::move(wider);
+    chosen_stride_ = stride;
+    for (PinnedBuffer& set : host_chosen_) {
+      TTT_RETURN_IF_ERROR(set.GrowKeeping(stride * sizeof(int32_t), stream_));
+    }
+  }
   s.room = {.rows = static_cast<int64_t>(R),
             .segments = static_cast<int64_t>(S),
             .logit_rows = static_cast<int64_t>(L)};
@@ -743,15 +782,17 @@ void CudaEngine::LayOutInputs(int64_t rows, int64_t segments, int64_t logit_rows
   Scratch& s = scratch_;
   const StepInputLayout layout(rows, segments, logit_rows);
   s.input_bytes = layout.bytes;
-  s.host_in = StepInputs(s.host_inputs.get(), layout);
-  s.in = StepInputs(s.inputs.get(), layout);
+  s.host_in = StepInputs(s.host_inputs[step_set_].get(), layout);
+  s.in = StepInputs(s.inputs[step_set_].get(), layout);
 }
 
 absl::Status CudaEngine::UploadInputs() {
   Scratch& s = scratch_;
-  TTT_CUDA(cudaMemcpyAsync(s.inputs.get(), s.host_inputs.get(), s.input_bytes,
-                           cudaMemcpyHostToDevice, stream_));
-  TTT_CUDA(cudaEventRecord(inputs_uploaded_, stream_));
+  // The set's device block is free: the step that last used it has been collected.
+  TTT_CUDA(cudaMemcpyAsync(s.inputs[step_set_].get(), s.host_inputs[step_set_].get(), s.input_bytes,
+                           cudaMemcpyHostToDevice, upload_stream_));
+  TTT_CUDA(cudaEventRecord(uploaded_[step_set_], upload_stream_));
+  TTT_CUDA(cudaStreamWaitEvent(stream_, uploaded_[step_set_]));
   return absl::OkStatus();
 }
 
@@ -849,9 +890,10 @@ absl::Status CudaEngine::FinishForwardAndSample(std::vector<SampledToken>* token
 
 absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor which,
                                  std::span<const SamplingParams> sampling, bool sample) {
-  // The staging buffers are rewritten below: the previous step's inputs must have left them.
-  TTT_CUDA(cudaEventSynchronize(inputs_uploaded_));
-  TTT_CUDA(cudaEventRecord(step_start_[next_output_set_], stream_));
+  // The set's staging block is rewritten below: its last upload must have left it (that of a
+  // step collected has; that of a step that failed part-way may not have).
+  TTT_CUDA(cudaEventSynchronize(uploaded_[step_set_]));
+  TTT_CUDA(cudaEventRecord(step_start_[step_set_], stream_));
   const bool one_token_each =
       !batch.empty() && std::all_of(batch.begin(), batch.end(),
                                     [](const SequenceChunk& chunk) { return chunk.length() == 1; });
@@ -958,7 +1000,7 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
 }
 
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
-  std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample}];
+  std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample, step_set_}];
   if (graph == nullptr) {
     auto captured = std::make_unique<DecodeGraph>();
     // A mixed step that failed part-way leaves the scan stream unjoined; joined inside the
@@ -996,24 +1038,34 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
           Gemm(s.final_in.get(), rows, D, lm_head_, c.vocab_size, s.logits.get<float>(), false));
     }
   }
+  const int step_set = step_set_;
   for (int64_t bucket = 1; bucket <= decode_rows; bucket *= 2) {
-    TTT_RETURN_IF_ERROR(DecodeGraphFor(bucket, /*sample=*/true).status());
+    for (step_set_ = 0; step_set_ < kMaxStepsInFlight; ++step_set_) {
+      TTT_RETURN_IF_ERROR(DecodeGraphFor(bucket, /*sample=*/true).status());
+    }
   }
+  step_set_ = step_set;
   TTT_CUDA(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample,
                                  int64_t sampled_rows) {
-  const int set = next_output_set_;
-  next_output_set_ = (next_output_set_ + 1) % kMaxStepsInFlight;
+  const int set = step_set_;
+  step_set_ = (step_set_ + 1) % kMaxStepsInFlight;
+  TTT_CUDA(cudaEventRecord(finished_[set], stream_));
+  TTT_CUDA(cudaStreamWaitEvent(download_stream_, finished_[set]));
   if (sample && output_rows > 0) {
     // The batch's ids, the idle rows' after them, then the batch's log-probs.
-    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].get(), chosen_.get(),
+    TTT_CUDA(cudaMemcpyAsync(host_chosen_[set].get(), chosen_ids(set),
                              (sampled_rows + output_rows) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                             stream_));
+                             download_stream_));
+  } else if (has_output && output_rows > 0) {
+    TTT_CUDA(cudaMemcpyAsync(scratch_.host_logits.get(), scratch_.logits.get(),
+                             output_rows * model_->config.vocab_size * sizeof(float),
+                             cudaMemcpyDeviceToHost, download_stream_));
   }
-  TTT_CUDA(cudaEventRecord(step_done_[set], stream_));
+  TTT_CUDA(cudaEventRecord(step_done_[set], download_stream_));
   pending_.push_back({.has_output = has_output,
                       .output_rows = output_rows,
                       .sampled_rows = sampled_rows,
@@ -1065,11 +1117,9 @@ absl::Status CudaEngine::EnqueueForward(int64_t rows, int64_t num_segments, int6
   TTT_RETURN_IF_ERROR(Product(final_norm, logit_rows, D, lm_head_, V, cu::ProductOutput::kStore,
                               s.logits.get(), s.final_in.get()));
   if (sample) {
-    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V, s.in.sampling,
-                              chosen_.get<int32_t>(), chosen_.get<float>() + logit_rows, stream_));
-  } else {
-    TTT_CUDA(cudaMemcpyAsync(s.host_logits.get<float>(), s.logits.get(),
-                             logit_rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    int32_t* ids = chosen_ids(step_set_);
+    TTT_CUDA(cu::SampleTokens(s.logits.get<float>(), logit_rows, V, s.in.sampling, ids,
+                              reinterpret_cast<float*>(ids + logit_rows), stream_));
   }
   return absl::OkStatus();
 }
@@ -1174,7 +1224,7 @@ absl::Status CudaEngine::ChooseSingleSequencePath() {
   TTT_RETURN_IF_ERROR(per_stage.status());
   sequence_step_ = *one_kernel < *per_stage;
   // The batch-1 graph holds the path timed last, the kernels per stage: kept if they won.
-  if (sequence_step_) graphs_.erase({1, true});
+  if (sequence_step_) ForgetSamplingGraphs(1);
   single_sequence_decode_ = absl::StrFormat(
       "%s (timed at start: one kernel %.3f ms a step, kernels per stage %.3f ms)",
       sequence_step_ ? "one kernel" : "kernels per stage", absl::ToDoubleMilliseconds(*one_kernel),
@@ -1185,7 +1235,7 @@ absl::Status CudaEngine::ChooseSingleSequencePath() {
 absl::StatusOr<absl::Duration> CudaEngine::TimeSingleSequenceStep(SequenceSlot slot) {
   // A few steps first: the first captures the graph, and the clocks settle.
   constexpr int kWarmUp = 3, kTimed = 15;
-  graphs_.erase({1, true});
+  ForgetSamplingGraphs(1);
   const int32_t token = 0;
   const SequenceChunk chunk{.slot = slot, .tokens = {&token, 1}};
   const SamplingParams greedy;
