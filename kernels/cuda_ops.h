@@ -303,4 +303,16 @@ cudaError_t SequenceStep(const SequenceStepArgs& args, const SequenceStepLayer& 
 // float32 → bf16, elementwise (weights at load time).
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream);
 
+// Up to kMax slots of the state pool, passed by value: a launch needs no copy of them first.
+struct SlotList {
+  static constexpr int kMax = 64;
+  int count = 0;
+  int32_t slots[kMax];
+};
+
+// source [slot_floats] → every listed slot of pool (slot s at s · slot_floats): one launch fills
+// the fresh states of all the sequences a step takes on.
+cudaError_t CopyToSlots(const float* source, size_t slot_floats, const SlotList& slots, float* pool,
+                        cudaStream_t stream);
+
 }  // namespace ttt::kernels::cuda

@@ -1,4 +1,4 @@
-// Embedding lookup, the feed-forward activation, row gathers and conversions.
+// Embedding lookup, the feed-forward activation, row gathers, conversions and state copies.
 #include "kernels/cuda/common.cuh"
 
 namespace ttt::kernels::cuda {
@@ -93,6 +93,37 @@ __global__ void ToBFloat16Kernel(const float* x, int64_t n, __nv_bfloat16* y) {
   if (i < n) y[i] = __float2bfloat16(x[i]);
 }
 
+// Block (x, y) copies its kCopyVectors · blockDim.x vectors of source into slot y of the list,
+// each thread issuing its loads before its stores (CopyRow says why).
+constexpr int kCopyVectors = 4;
+template <typename Vector>
+__global__ void CopyToSlotsKernel(const Vector* source, int64_t slot_vectors, SlotList slots,
+                                  Vector* pool) {
+  WaitForPreviousKernel();
+  Vector* slot = pool + slots.slots[blockIdx.y] * slot_vectors;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kCopyVectors * blockDim.x + threadIdx.x;
+  Vector values[kCopyVectors];
+#pragma unroll
+  for (int m = 0; m < kCopyVectors; ++m) {
+    const int64_t i = first + m * blockDim.x;
+    if (i < slot_vectors) values[m] = source[i];
+  }
+#pragma unroll
+  for (int m = 0; m < kCopyVectors; ++m) {
+    const int64_t i = first + m * blockDim.x;
+    if (i < slot_vectors) slot[i] = values[m];
+  }
+}
+
+template <typename Vector>
+cudaError_t LaunchCopyToSlots(const Vector* source, int64_t slot_vectors, const SlotList& slots,
+                              Vector* pool, cudaStream_t stream) {
+  const int64_t per_block = kCopyVectors * kThreads;
+  const dim3 grid(static_cast<unsigned>((slot_vectors + per_block - 1) / per_block), slots.count);
+  return Launch(CopyToSlotsKernel<Vector>, grid, kThreads, 0, stream, source, slot_vectors, slots,
+                pool);
+}
+
 }  // namespace
 
 cudaError_t EmbeddingGather(const int32_t* tokens, int rows, const int32_t* chosen,
@@ -128,6 +159,17 @@ cudaError_t GatherRows(const float* x, const int32_t* rows, int n, int D, float*
 cudaError_t ConvertToBFloat16(const float* x, int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return Launch(ToBFloat16Kernel, Blocks(n), kThreads, 0, stream, x, n, y);
+}
+
+cudaError_t CopyToSlots(const float* source, size_t slot_floats, const SlotList& slots, float* pool,
+                        cudaStream_t stream) {
+  if (slots.count == 0) return cudaSuccess;
+  if (slot_floats % 4 == 0) {
+    return LaunchCopyToSlots(reinterpret_cast<const float4*>(source),
+                             static_cast<int64_t>(slot_floats / 4), slots,
+                             reinterpret_cast<float4*>(pool), stream);
+  }
+  return LaunchCopyToSlots(source, static_cast<int64_t>(slot_floats), slots, pool, stream);
 }
 
 }  // namespace ttt::kernels::cuda

@@ -199,6 +199,8 @@ class CudaEngine : public Engine {
   absl::StatusOr<const void*> UploadGemmWeight(std::span<const float> values);
   absl::Status CheckSlot(SequenceSlot slot, std::string_view field) const;
   absl::StatusOr<SequenceSlot> TakeSlot();
+  // Writes the fresh state into every slot in unfilled_, in one launch per cu::SlotList.
+  absl::Status FillFreshStates();
   absl::Status Validate(std::span<const SequenceChunk> batch, LogitsFor which) const;
   // Grows the per-call buffers; growing moves them, which retires every captured graph (and
   // first waits for the steps in flight, which use them).
@@ -359,6 +361,11 @@ class CudaEngine : public Engine {
   int64_t capacity_ = 0;
   std::vector<int64_t> lengths_;  // Per slot; -1: free.
   std::vector<SequenceSlot> free_slots_;
+  // Slots that CreateSequence took whose fresh state is not written yet. The next step (or fork)
+  // writes them all at once: a step that takes on a dozen sequences then pays for one launch
+  // rather than a device copy each, every one of them the host's time and a wait on the GPU
+  // between two steps (bench/README.md v72).
+  std::vector<SequenceSlot> unfilled_;
 
   // Per-Forward scratch, grown to the largest batch seen.
   struct Scratch {
@@ -629,13 +636,26 @@ absl::StatusOr<SequenceSlot> CudaEngine::TakeSlot() {
 
 absl::StatusOr<SequenceSlot> CudaEngine::CreateSequence() {
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
-  TTT_CUDA(cudaMemcpyAsync(slot_state(slot), fresh_state_.get(), layout_.total_bytes(),
-                           cudaMemcpyDeviceToDevice, stream_));
+  unfilled_.push_back(slot);
   return slot;
+}
+
+absl::Status CudaEngine::FillFreshStates() {
+  for (size_t first = 0; first < unfilled_.size(); first += cu::SlotList::kMax) {
+    cu::SlotList list;
+    list.count = static_cast<int>(std::min<size_t>(cu::SlotList::kMax, unfilled_.size() - first));
+    std::copy_n(unfilled_.begin() + first, list.count, list.slots);
+    TTT_CUDA(cu::CopyToSlots(fresh_state_.get<float>(), layout_.total_floats(), list,
+                             pool_.get<float>(), stream_));
+  }
+  unfilled_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::ReleaseSequence(SequenceSlot slot) {
   TTT_RETURN_IF_ERROR(CheckSlot(slot, "slot"));
+  // Left in the list, a later fill would overwrite whatever next takes the slot.
+  std::erase(unfilled_, slot);
   lengths_[slot] = -1;
   free_slots_.push_back(slot);
   return absl::OkStatus();
@@ -643,6 +663,7 @@ absl::Status CudaEngine::ReleaseSequence(SequenceSlot slot) {
 
 absl::StatusOr<SequenceSlot> CudaEngine::ForkSequence(SequenceSlot source) {
   TTT_RETURN_IF_ERROR(CheckSlot(source, "source"));
+  TTT_RETURN_IF_ERROR(FillFreshStates());  // The source may be one.
   TTT_ASSIGN_OR_RETURN(SequenceSlot slot, TakeSlot());
   TTT_CUDA(cudaMemcpyAsync(slot_state(slot), slot_state(source), layout_.total_bytes(),
                            cudaMemcpyDeviceToDevice, stream_));
@@ -658,8 +679,10 @@ absl::StatusOr<int64_t> CudaEngine::SequenceLength(SequenceSlot slot) const {
 absl::StatusOr<std::string> CudaEngine::SaveSequence(SequenceSlot slot) const {
   TTT_RETURN_IF_ERROR(CheckSlot(slot, "slot"));
   std::vector<float> state(layout_.total_floats());
-  TTT_CUDA(cudaMemcpyAsync(state.data(), slot_state(slot), layout_.total_bytes(),
-                           cudaMemcpyDeviceToHost, stream_));
+  const bool unfilled = std::find(unfilled_.begin(), unfilled_.end(), slot) != unfilled_.end();
+  const void* source = unfilled ? fresh_state_.get() : slot_state(slot);
+  TTT_CUDA(cudaMemcpyAsync(state.data(), source, layout_.total_bytes(), cudaMemcpyDeviceToHost,
+                           stream_));
   TTT_CUDA(cudaStreamSynchronize(stream_));
   if (w1_split_) JoinW1(layout_, state);
   OrderConvHistories(layout_, lengths_[slot], state);
@@ -894,6 +917,7 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   // step collected has; that of a step that failed part-way may not have).
   TTT_CUDA(cudaEventSynchronize(uploaded_[step_set_]));
   TTT_CUDA(cudaEventRecord(step_start_[step_set_], stream_));
+  TTT_RETURN_IF_ERROR(FillFreshStates());
   const bool one_token_each =
       !batch.empty() && std::all_of(batch.begin(), batch.end(),
                                     [](const SequenceChunk& chunk) { return chunk.length() == 1; });

@@ -925,6 +925,39 @@ TEST_F(CudaEngineStateTest, ForkAndSaveRestoreContinueExactly) {
   EXPECT_LE(testing::MaxAbsDiff(Feed(cpu, *on_cpu, all.subspan(19)), expected), 1e-4f);
 }
 
+// A new sequence's fresh state is written by the next step or fork, for every new sequence at
+// once. Until then it saves and forks as a fresh state, and given back it leaves its slot to
+// whatever takes it next, here a restored state that the next step must not overwrite.
+TEST_F(CudaEngineStateTest, NewSequencesSaveForkAndLeaveBeforeTheirFirstStep) {
+  auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+  CpuEngine cpu(model_);
+  const std::span<const int32_t> all(tokens_);
+  const SequenceSlot fresh_on_cpu = *cpu.CreateSequence(), used_on_cpu = *cpu.CreateSequence();
+  const std::vector<float> from_fresh = Feed(cpu, fresh_on_cpu, all.first(20));
+  Feed(cpu, used_on_cpu, all.first(30));
+  const std::vector<float> continued = Feed(cpu, used_on_cpu, all.subspan(30));
+
+  const SequenceSlot used = *gpu->CreateSequence();
+  Feed(*gpu, used, all.first(30));
+  const std::string saved_used = *gpu->SaveSequence(used);
+  ASSERT_TRUE(gpu->ReleaseSequence(used).ok());
+  const SequenceSlot reused = *gpu->CreateSequence();
+  ASSERT_EQ(reused, used) << "the test needs the slot given back to be the next one taken";
+  const std::string saved_fresh = *gpu->SaveSequence(reused);
+  const SequenceSlot fork = *gpu->ForkSequence(reused);
+  const SequenceSlot left = *gpu->CreateSequence();
+  ASSERT_TRUE(gpu->ReleaseSequence(left).ok());
+  const SequenceSlot restored = *gpu->RestoreSequence(saved_used);
+  ASSERT_EQ(restored, left) << "the test needs the slot given back to be the next one taken";
+
+  EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, reused, all.first(20)), from_fresh), 1e-3f);
+  EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, fork, all.first(20)), from_fresh), 1e-3f);
+  const SequenceSlot from_saved = *gpu->RestoreSequence(saved_fresh);
+  EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, from_saved, all.first(20)), from_fresh), 1e-3f);
+  EXPECT_LE(testing::MaxAbsDiff(Feed(*gpu, restored, all.subspan(30)), continued), 1e-3f);
+}
+
 // Between StartForwardAndSample and FinishForwardAndSample the step runs on the device while the
 // caller goes on: calls on sequences made meanwhile see the step's effect, as on the CPU engine
 // where it has already happened. Both kinds of step: decode (one token each, a CUDA graph) and
