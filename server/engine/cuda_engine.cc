@@ -415,7 +415,7 @@ class CudaEngine : public Engine {
   std::vector<int32_t> chosen_row_;
   int chosen_set_ = 0;
   std::vector<SequenceSlot> chosen_slots_;
-  // Steps queued on the stream whose results have not been collected yet, oldest first.
+  // Steps queued on the device whose results have not been collected yet, oldest first.
   struct PendingStep {
     bool has_output = false;   // Whether Forward wants logits (LogitsFor::kNone does not).
     int64_t output_rows = 0;   // Rows of logits, or of sampled tokens.
