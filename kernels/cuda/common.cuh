@@ -166,12 +166,12 @@ inline int RowThreads(int D) {
 
 // Writes a thread's slice v of a row (starting at y's element `base`) normalised: element c as
 // v · inv_rms · gain(m, c), gain read from wherever the kernel holds it.
-template <typename Gain>
+template <int kSlice, typename Gain>
 __device__ __forceinline__ void StoreNormedSlice(void* y, ElementType y_type, int64_t base, int D,
-                                                 const float (&v)[kRowSlice], float inv_rms,
+                                                 const float (&v)[kSlice], float inv_rms,
                                                  Gain gain) {
 #pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) {
+  for (int m = 0; m < kSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
     if (c < D) Store(y, base + c, v[m] * inv_rms * gain(m, c), y_type);
   }

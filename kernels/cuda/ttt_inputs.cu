@@ -6,43 +6,68 @@
 namespace ttt::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kPrepareThreads = 512;
 
 // One block per row, its threads and their elements as RmsNormKernel's (so y is as RmsNorm writes
-// it): h += the conv of x over the row's segment, then y = RMSNorm(h).
+// it): h += the conv of x over the row's segment, then y = RMSNorm(h). A thread's every load goes
+// out before its first store to h: nothing tells the compiler that h is apart from x and the
+// history, so a store between two elements would hold the next element's loads back by a round
+// trip each (8.4 µs a 125m layer with four elements a thread, bench/README.md v73). kSlice: the
+// elements a thread holds, four where RowThreads gives no thread more (rows up to 4,096, every
+// known model). Wider rows' eight elements store each as it is computed: all their loads at once
+// would spill.
+template <int kTaps, int kSlice>
 __global__ void __launch_bounds__(1024)
     PreConvRowsKernel(const float* x, int D, const float* w, const float* b, int ck,
                       const Segment* segments, const int32_t* row_segment, StateAddress state,
                       size_t history_offset, float* h, float eps, const float* next_norm_w, void* y,
                       ElementType y_type, bool skip_one_row_segments) {
   __shared__ float scratch[kWarp];
-  WaitForPreviousKernel();
   const int row = blockIdx.x;
+  // The step's segments and the weights are written by no kernel of the step: they are read
+  // while the previous kernel ends.
   const Segment seg = segments[row_segment[row]];
-  if (skip_one_row_segments && seg.count == 1) return;
+  const bool skipped = skip_one_row_segments && seg.count == 1;
+#pragma unroll
+  for (int m = 0; m < kSlice; ++m) {
+    const int c = threadIdx.x + m * blockDim.x;
+    if (!skipped && c < D) {
+      PrefetchToL1(w + c * ck);
+      PrefetchToL1(b + c);
+      PrefetchToL1(next_norm_w + c);
+    }
+  }
+  WaitForPreviousKernel();
+  if (skipped) return;
   const float* history = SequenceState(state, seg.slot) + history_offset;
   const int oldest = ck > 1 ? HistoryRow(seg.start, ck - 1) : 0;
   const int64_t base = static_cast<int64_t>(row) * D;
-  float v[kRowSlice], sum = 0;
+  constexpr bool kStoreAsComputed = kSlice > 4;
+  float v[kSlice], sum = 0;
 #pragma unroll
-  for (int m = 0; m < kRowSlice; ++m) {
+  for (int m = 0; m < kSlice; ++m) {
     const int c = threadIdx.x + m * blockDim.x;
     v[m] = 0.0f;
     if (c < D) {
-      const Taps<kMaxTaps> taps =
-          LoadTaps<kMaxTaps>(x, D, seg.row, row - seg.row, c, history, oldest, D, ck);
+      const Taps<kTaps> taps =
+          LoadTaps<kTaps>(x, D, seg.row, row - seg.row, c, history, oldest, D, ck);
       v[m] = h[base + c] + ConvOf(taps, c, w, b, ck);
-      h[base + c] = v[m];
+      if constexpr (kStoreAsComputed) h[base + c] = v[m];
     }
     sum += v[m] * v[m];
+  }
+#pragma unroll
+  for (int m = 0; m < kSlice && !kStoreAsComputed; ++m) {
+    const int c = threadIdx.x + m * blockDim.x;
+    if (c < D) h[base + c] = v[m];
   }
   const float inv_rms = rsqrtf(BlockSum(sum, scratch) / D + eps);
   StoreNormedSlice(y, y_type, base, D, v, inv_rms, [&](int, int c) { return next_norm_w[c]; });
 }
 
 // One block per segment: its last ck−1 rows (all of them, if fewer) take their rows of the
-// history's ring; the inputs before the segment keep theirs.
+// history's ring; the inputs before the segment keep theirs. A thread a channel, up to 1,024: a
+// thread's stores hold back the loads of its next channel.
 __global__ void AdvanceHistoryKernel(const float* x, int64_t ld, int D, int ck,
                                      const Segment* segments, StateAddress state,
                                      size_t history_offset) {
@@ -195,9 +220,16 @@ __global__ void __launch_bounds__(kPrepareThreads)
   // (segments of one row) the row this row's input replaces.
   const int oldest = history != nullptr && conv.ck > 1 ? HistoryRow(seg.start, conv.ck - 1) : 0;
   const int64_t out = static_cast<int64_t>(row) * D;
+  // Every load before the first store, which would hold back the loads after it (the compiler
+  // cannot tell the outputs from the inputs): the first head's step-size input here, v's
+  // channels with their pair's.
+  const bool first_head = threadIdx.x < nh;
+  const float first_lr_input = first_head ? in[cols.lr + threadIdx.x] : 0.0f;
+  const float first_lr_bias = first_head ? inputs.lr_bias[threadIdx.x] : 0.0f;
   for (int pair = threadIdx.x; pair < D / 2; pair += blockDim.x) {
     // Loads first (both channels), then arithmetic, then the history's rewrite.
     const float2 cos_sin = inputs.rope[p * (f / 2) + pair % (f / 2)];
+    const float v[2] = {in[cols.v + 2 * pair], in[cols.v + 2 * pair + 1]};
     float q[2], k[2];
     if (inputs.share_qk) {
       Taps<kTaps> taps[2];
@@ -230,11 +262,14 @@ __global__ void __launch_bounds__(kPrepareThreads)
     q_out[out + 2 * pair + 1] = q[1];
     k_out[out + 2 * pair] = k[0];
     k_out[out + 2 * pair + 1] = k[1];
+    v_out[out + 2 * pair] = v[0];
+    v_out[out + 2 * pair + 1] = v[1];
   }
-  for (int c = threadIdx.x; c < D; c += blockDim.x) v_out[out + c] = in[cols.v + c];
   for (int h = threadIdx.x; h < nh; h += blockDim.x) {
+    const bool first = h == threadIdx.x;
     lr_out[static_cast<int64_t>(row) * nh + h] =
-        InnerStepSize(in[cols.lr + h], inputs.lr_bias[h], inputs.base_lr, f);
+        InnerStepSize(first ? first_lr_input : in[cols.lr + h],
+                      first ? first_lr_bias : inputs.lr_bias[h], inputs.base_lr, f);
   }
 }
 
@@ -247,8 +282,11 @@ cudaError_t PreConvRows(const float* x, int rows, int D, const float* conv_weigh
                         ElementType y_type, bool skip_one_row_segments, cudaStream_t stream) {
   if (D > kMaxRowWidth || ck > kMaxTaps) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  return Launch(PreConvRowsKernel, rows, RowThreads(D), 0, stream, x, D, conv_weight, conv_bias, ck,
-                segments, row_segment, state, history_offset, h, eps, next_norm_weight, y, y_type,
+  auto* kernel = D > 4 * 1024        ? PreConvRowsKernel<kMaxTaps, kRowSlice>
+                 : ck <= kCommonTaps ? PreConvRowsKernel<kCommonTaps, 4>
+                                     : PreConvRowsKernel<kMaxTaps, 4>;
+  return Launch(kernel, rows, RowThreads(D), 0, stream, x, D, conv_weight, conv_bias, ck, segments,
+                row_segment, state, history_offset, h, eps, next_norm_weight, y, y_type,
                 skip_one_row_segments);
 }
 
@@ -257,8 +295,8 @@ cudaError_t AdvanceConvHistory(const float* x, int64_t ld, int num_segments, int
                                cudaStream_t stream) {
   if (ck - 1 > kMaxHistory) return cudaErrorInvalidValue;
   if (num_segments == 0 || ck == 1) return cudaSuccess;
-  return Launch(AdvanceHistoryKernel, num_segments, kThreads, 0, stream, x, ld, D, ck, segments,
-                state, history_offset);
+  return Launch(AdvanceHistoryKernel, num_segments, std::min(1024, RoundUpToWarp(D)), 0, stream, x,
+                ld, D, ck, segments, state, history_offset);
 }
 
 cudaError_t PreConvDecode(float* h, int num_segments, bool segment_rows, int D,

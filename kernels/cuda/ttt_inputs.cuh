@@ -46,8 +46,11 @@ __device__ __forceinline__ Taps<kTaps> LoadTaps(const float* x, int64_t ld, int 
       const int s = i - h + j;
       // Before the segment (−h ≤ s < 0): row (oldest + s) mod h.
       const int row = oldest + s >= 0 ? oldest + s : oldest + s + h;
-      taps.in[j] = s >= 0 ? x[static_cast<int64_t>(first_row + s) * ld + c]
-                          : (history != nullptr ? history[row * D + c] : 0.0f);
+      // One load from either address (not a branch a source), so that the loads of a thread's
+      // further channels can be issued beside it.
+      const float* input =
+          s >= 0 ? x + static_cast<int64_t>(first_row + s) * ld + c : history + row * D + c;
+      taps.in[j] = s >= 0 || history != nullptr ? *input : 0.0f;
     }
   }
   return taps;
