@@ -9,9 +9,9 @@ step: the part of its span that no earlier kernel of the step covers ("exposed")
 times and the gaps, when no kernel runs, add up to the step.
 
 Prints, for each batch, the step (median over the recorded steps: its span, its gaps, the time
-from its last kernel to the next step's first) and a table by kernel name and grid size:
-instances a step, median span, median exposed time per instance, and exposed time a step,
-largest first. With --json, the same as one JSON object a batch, which `bench/record.sh
+the GPU was busy, the time from its last kernel to the next step's first) and a table by kernel
+name and grid size: instances a step, median span, median exposed time per instance, and exposed
+time a step, largest first. With --json, the same as one JSON object a batch, which `bench/record.sh
 OUT.json bench/timeline.py FILE --json` stores with the commit.
 With --order N, also the median step's first N kernels as they started, each with its start,
 end and exposed time: the chain of one layer, link by link. Steps that ran outside a graph
@@ -106,12 +106,13 @@ def main():
 
 def summarise(batch, steps):
     """The batch's median step (span, gaps) and its kernels by name and grid, largest first."""
-    spans, gaps = [], []
+    spans, gaps, busy_times = [], [], []
     per_kernel = defaultdict(lambda: {"span": [], "exposed": [], "per_step": []})
     for step in steps:
         kernels, exposed, span, busy = exposed_times(step)
         spans.append(span)
         gaps.append(span - busy)
+        busy_times.append(busy)
         step_total = defaultdict(int)
         for r, e in zip(kernels, exposed):
             key = (r["kernel"], int(r["grid"]))
@@ -130,6 +131,10 @@ def summarise(batch, steps):
         "steps_recorded": len(steps),
         "step_us": statistics.median(spans) / 1e3,
         "gaps_us": statistics.median(gaps) / 1e3,
+        # The GPU's own work a step, whatever the host kept it waiting: where the host bounds the
+        # step (a step with prompts, launched kernel by kernel), a change to the kernels shows
+        # here and is lost in the step's span.
+        "busy_us": statistics.median(busy_times) / 1e3,
         "between_steps_us": statistics.median(between) / 1e3 if between else None,
         "kernels_per_step": len(steps[0]),
         "kernels": [{
@@ -175,7 +180,8 @@ def print_order(step, n):
 def print_table(s):
     between = s["between_steps_us"]
     print(f"batch {s['batch']}: {s['steps_recorded']} steps, step {s['step_us']:.1f} us "
-          f"(median span), gaps {s['gaps_us']:.1f} us, {s['kernels_per_step']} kernels a step"
+          f"(median span), gaps {s['gaps_us']:.1f} us, busy {s['busy_us']:.1f} us, "
+          f"{s['kernels_per_step']} kernels a step"
           + (f", {between:.1f} us between steps" if between is not None else ""))
     print(f"{'exposed/step us':>16} {'share':>6} {'count':>6} {'span us':>8} "
           f"{'exposed us':>10}  kernel [grid]")
