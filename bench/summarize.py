@@ -62,10 +62,13 @@ def print_table(configurations, variant):
             continue
         tokens = median(results, "tokens_per_s")
         a_token = f" ({median(results, 'step_ms_p50'):.3f} ms a token)" if batch == 1 else ""
+        # The CPU engine's results have no memory floor.
+        floor = (f"{median(results, 'fraction_of_memory_floor') * 100:.1f}%"
+                 if "fraction_of_memory_floor" in results[0] else "–")
         print(f"| {model_name(results[0])} | {batch} | {offset:,}{how} | {rate(tokens)}{a_token} "
               f"| {rate(median(results, 'tokens_per_s_mean'))} "
               f"| {median(results, 'step_ms_p50'):.2f} / {median(results, 'step_ms_p99'):.2f} "
-              f"| {median(results, 'fraction_of_memory_floor') * 100:.1f}% |")
+              f"| {floor} |")
 
 
 def main():
