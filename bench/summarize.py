@@ -4,11 +4,11 @@
     summarize.py RECORD.json
 
 A line per (configuration, variant): the medians over the rounds of step p50 and p99 (ms) and of
-tokens/s (the median step's and the mean step's), and step p50's change against the first
-variant, the tree the others were applied to; and the prefill's tokens/s where ttt-bench timed
-one. Medians, because a round now and then lands on a slower moment of the machine. Where
-ttt-bench reported the digest of the chosen tokens, the line also says whether the variant chose
-the tree's tokens: a change meant to be exact should.
+tokens/s (the median step's and the mean step's), and step p50's change against the first variant,
+the tree the others were applied to, with the host's time to queue a step; and the prefill's
+tokens/s where ttt-bench timed one. Medians, because a round now and then lands on a slower moment
+of the machine. Where ttt-bench reported the digest of the chosen tokens, the line also says whether
+the variant chose the tree's tokens: a change meant to be exact should.
 
 With --table, the rows of bench/README.md's decode table instead, from the first variant's
 medians: model, batch, offset, tokens/s (median step, then mean step), step p50 / p99, and the
@@ -126,7 +126,11 @@ def main():
             prefills = [r for r in results if "prefill_tokens_per_s" in r]
             prefill = (f", prefill {rate(median(prefills, 'prefill_tokens_per_s'))} tokens/s"
                        if prefills else "")
-            print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}, "
+            # The host's time to queue a step: where it nears the step's, the host bounds the step
+            # (bench/README.md v73), and a change to the kernels may not show in its p50.
+            queued = (f", queued {median(results, 'launch_ms_p50'):.4f}"
+                      if all("launch_ms_p50" in r for r in results) else "")
+            print(f"  {variant:>24}: step p50 {p50:.4f} ms{change}{queued}, "
                   f"p99 {median(results, 'step_ms_p99'):.4f}, "
                   f"{rate(median(results, 'tokens_per_s'))} tokens/s "
                   f"(sustained {rate(median(results, 'tokens_per_s_mean'))}), "
