@@ -1167,6 +1167,107 @@ TEST(CudaJoinersTest, StepsThatTakeJoinersChooseTheCpuEnginesTokens) {
   }
 }
 
+// A step's decoding sequences and the prompts that join them (CudaEngine::MixedBucket).
+struct MixedShape {
+  int decode, prompts, prompt_tokens;
+};
+
+// For each shape: `decode` sequences take a prompt of their own, alone, then `rounds` steps mix
+// their next tokens with `prompts` new sequences' prompts (which leave after their step); the
+// GPU engine chooses the CPU engine's tokens at every step.
+void ExpectMixedStepsChooseTheCpuEnginesTokens(const std::shared_ptr<const Model>& model,
+                                               std::span<const MixedShape> shapes, int rounds) {
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
+  ASSERT_NE(gpu, nullptr);
+  CpuEngine cpu(model);
+  const int32_t vocab = static_cast<int32_t>(model->config.vocab_size);
+  for (const MixedShape& shape : shapes) {
+    SCOPED_TRACE(absl::StrCat(shape.decode, " decoding, ", shape.prompts, " prompts of ",
+                              shape.prompt_tokens));
+    std::mt19937 rng(shape.decode * 100 + shape.prompts);
+    std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+    auto prompt = [&](int n) {
+      std::vector<int32_t> tokens(n);
+      for (int32_t& t : tokens) t = token(rng);
+      return tokens;
+    };
+    std::vector<SequenceSlot> on_gpu, on_cpu;
+    std::vector<std::vector<int32_t>> chunks;
+    for (int i = 0; i < shape.decode; ++i) {
+      on_gpu.push_back(*gpu->CreateSequence());
+      on_cpu.push_back(*cpu.CreateSequence());
+      chunks.push_back(prompt(3 + i % 5));
+    }
+    auto step = [&](std::span<const std::vector<int32_t>> tokens) {
+      std::vector<SequenceChunk> gpu_batch, cpu_batch;
+      for (size_t b = 0; b < tokens.size(); ++b) {
+        gpu_batch.push_back({on_gpu[b], tokens[b]});
+        cpu_batch.push_back({on_cpu[b], tokens[b]});
+      }
+      const std::vector<SamplingParams> params(tokens.size());
+      std::vector<SampledToken> from_gpu, from_cpu;
+      EXPECT_TRUE(gpu->ForwardAndSample(gpu_batch, params, &from_gpu).ok());
+      EXPECT_TRUE(cpu.ForwardAndSample(cpu_batch, params, &from_cpu).ok());
+      EXPECT_EQ(from_gpu.size(), from_cpu.size());
+      for (size_t b = 0; b < from_gpu.size() && b < from_cpu.size(); ++b) {
+        EXPECT_EQ(from_gpu[b].id, from_cpu[b].id) << "row " << b;
+        EXPECT_NEAR(from_gpu[b].logprob, from_cpu[b].logprob, 1e-4) << "row " << b;
+      }
+      return from_cpu;
+    };
+    std::vector<SampledToken> last = step(chunks);
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<int32_t>> mixed;
+      for (int i = 0; i < shape.decode; ++i) mixed.push_back({last[i].id});
+      for (int j = 0; j < shape.prompts; ++j) {
+        on_gpu.push_back(*gpu->CreateSequence());
+        on_cpu.push_back(*cpu.CreateSequence());
+        mixed.push_back(prompt(shape.prompt_tokens));
+      }
+      last = step(mixed);
+      for (int j = 0; j < shape.prompts; ++j) {
+        EXPECT_TRUE(gpu->ReleaseSequence(on_gpu.back()).ok());
+        EXPECT_TRUE(cpu.ReleaseSequence(on_cpu.back()).ok());
+        on_gpu.pop_back();
+        on_cpu.pop_back();
+      }
+    }
+    for (size_t b = 0; b < on_gpu.size(); ++b) {
+      EXPECT_TRUE(gpu->ReleaseSequence(on_gpu[b]).ok());
+      EXPECT_TRUE(cpu.ReleaseSequence(on_cpu[b]).ok());
+    }
+  }
+}
+
+// Steps that mix prompts into decode rows run as graphs by bucket: with rows that fill their
+// bucket and rows that leave padding, with scanned segments past 16 (empty ones pad them).
+TEST(CudaJoinersTest, MixedStepsAtTheirBucketsEdgesChooseTheCpuEnginesTokens) {
+  SKIP_WITHOUT_GPU();
+  // 3 + 61: 64 rows, no padding row; 5 + 17 × 2: 39 rows and 17 prompts (a bucket of 32);
+  // 9 + 2 × 7: 23 rows.
+  const MixedShape shapes[] = {{3, 1, 61}, {5, 17, 2}, {9, 2, 7}};
+  for (const TttLayerType inner : {TttLayerType::kLinear, TttLayerType::kMlp}) {
+    SCOPED_TRACE(inner == TttLayerType::kMlp ? "mlp" : "linear");
+    ExpectMixedStepsChooseTheCpuEnginesTokens(JoinersModel(inner), shapes, /*rounds=*/2);
+  }
+}
+
+// More buckets than the engine keeps graphs for (CudaEngine::kMaxMixedGraphs, 128): 160 of
+// them, then the first again, whose graph went first and is captured anew.
+TEST(CudaJoinersTest, MixedStepsPastTheGraphsKeptChooseTheCpuEnginesTokens) {
+  SKIP_WITHOUT_GPU();
+  std::vector<MixedShape> shapes;
+  for (const int decode : {1, 2, 4, 8, 16}) {
+    for (int prompts = 1; prompts <= 16; ++prompts) {
+      shapes.push_back({decode, prompts, 2});  // Up to 48 rows: 64.
+      shapes.push_back({decode, prompts, (65 - decode + prompts - 1) / prompts});  // 65–80: 128.
+    }
+  }
+  shapes.push_back(shapes.front());
+  ExpectMixedStepsChooseTheCpuEnginesTokens(JoinersModel(TttLayerType::kLinear), shapes,
+                                            /*rounds=*/1);
+}
+
 TEST_F(CudaEngineStateTest, TakingATokenWithNothingInFlightIsRefused) {
   auto gpu = MakeCudaEngine(model_, WeightPrecision::kFloat32);
   ASSERT_NE(gpu, nullptr);
