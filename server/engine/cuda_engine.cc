@@ -218,6 +218,19 @@ class CudaEngine : public Engine {
     if (!chunk.takes_token_in_flight) return chunk.tokens[i];
     return -(chosen_set_ * chosen_stride_ + chosen_row_[chunk.slot] + 1);
   }
+  // Stages `chunk` as the step's segment b from `row` on: the segment, its tokens and their
+  // segment. Returns the row after it.
+  int32_t StageChunk(const SequenceChunk& chunk, int64_t b, int32_t row) {
+    const StepInputs& staged = scratch_.host_in;
+    const int32_t length = static_cast<int32_t>(chunk.length());
+    staged.segments[b] = {
+        .row = row, .count = length, .slot = chunk.slot, .start = lengths_[chunk.slot]};
+    for (int32_t i = 0; i < length; ++i) {
+      staged.tokens[row + i] = StagedToken(chunk, i);
+      staged.row_segment[row + i] = static_cast<int32_t>(b);
+    }
+    return row + length;
+  }
   // Where the tokens a step of output set `set` chooses go on the device: ids, then log-probs.
   int32_t* chosen_ids(int set) const { return chosen_.get<int32_t>() + set * chosen_stride_; }
   // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
@@ -990,17 +1003,13 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   int32_t row = 0;
   for (int64_t b = 0; b < segments; ++b) {
     const SequenceChunk& chunk = batch[b];
-    const int32_t n = static_cast<int32_t>(chunk.length());
-    staged.segments[b] = {
-        .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
-    for (int32_t i = 0; i < n; ++i) {
-      staged.tokens[row + i] = StagedToken(chunk, i);
-      staged.row_segment[row + i] = static_cast<int32_t>(b);
-      if (which == LogitsFor::kEveryToken) staged.out_rows[row + i] = row + i;
+    const int32_t first = row;
+    row = StageChunk(chunk, b, row);
+    if (which == LogitsFor::kEveryToken) {
+      for (int32_t r = first; r < row; ++r) staged.out_rows[r] = r;
     }
-    row += n;
     if (which == LogitsFor::kLastToken) staged.out_rows[b] = row - 1;
-    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
+    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
   }
   const int64_t decode_segments = StageDecodeOrder(segments);
   TTT_RETURN_IF_ERROR(UploadInputs());
@@ -1124,18 +1133,11 @@ absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
   int64_t one_row_segments = 0, last_prompt = 0;
   for (int64_t b = 0; b < n; ++b) {
     const SequenceChunk& chunk = batch[b];
-    const int32_t length = static_cast<int32_t>(chunk.length());
-    staged.segments[b] = {
-        .row = row, .count = length, .slot = chunk.slot, .start = lengths_[chunk.slot]};
-    for (int32_t i = 0; i < length; ++i) {
-      staged.tokens[row + i] = StagedToken(chunk, i);
-      staged.row_segment[row + i] = static_cast<int32_t>(b);
-    }
-    row += length;
-    one_row_segments += length == 1;
-    if (length > 1) last_prompt = b;
+    row = StageChunk(chunk, b, row);
+    one_row_segments += chunk.length() == 1;
+    if (chunk.length() > 1) last_prompt = b;
     staged.out_rows[b] = row - 1;
-    StageSampling(b, sampling[b], lengths_[chunk.slot] + length);
+    StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
   }
   // The padding: idle decode segments up to the decode bucket, then empty scanned ones. Empty
   // segments name a live slot (one the step takes), whose state none of them reads or writes.
