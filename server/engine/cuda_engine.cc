@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -127,7 +126,6 @@ class CudaEngine : public Engine {
 
   ~CudaEngine() override {
     graphs_.clear();
-    mixed_graphs_.clear();
     for (const std::array<cudaEvent_t, kMaxStepsInFlight>& events : {step_start_, step_done_}) {
       for (cudaEvent_t event : events) {
         if (event != nullptr) cudaEventDestroy(event);
@@ -218,19 +216,6 @@ class CudaEngine : public Engine {
     if (!chunk.takes_token_in_flight) return chunk.tokens[i];
     return -(chosen_set_ * chosen_stride_ + chosen_row_[chunk.slot] + 1);
   }
-  // Stages `chunk` as the step's segment b from `row` on: the segment, its tokens and their
-  // segment. Returns the row after it.
-  int32_t StageChunk(const SequenceChunk& chunk, int64_t b, int32_t row) {
-    const StepInputs& staged = scratch_.host_in;
-    const int32_t length = static_cast<int32_t>(chunk.length());
-    staged.segments[b] = {
-        .row = row, .count = length, .slot = chunk.slot, .start = lengths_[chunk.slot]};
-    for (int32_t i = 0; i < length; ++i) {
-      staged.tokens[row + i] = StagedToken(chunk, i);
-      staged.row_segment[row + i] = static_cast<int32_t>(b);
-    }
-    return row + length;
-  }
   // Where the tokens a step of output set `set` chooses go on the device: ids, then log-probs.
   int32_t* chosen_ids(int set) const { return chosen_.get<int32_t>() + set * chosen_stride_; }
   // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
@@ -248,10 +233,7 @@ class CudaEngine : public Engine {
   // token closes a window, and so commits θ0, where the kernel's warps take an item fewer). The
   // longer ones follow, for cu::TttScan. A step that mixes prompts with decode rows so runs its
   // decode rows as fast as a decode step does (bench/README.md v29).
-  // Segments from `scanned_padding` on (a mixed step's graph pads with them) go to the scan's
-  // part, whatever their count.
-  int64_t StageDecodeOrder(int64_t segments,
-                           int64_t scanned_padding = std::numeric_limits<int64_t>::max());
+  int64_t StageDecodeOrder(int64_t segments);
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in scratch_.logits, or, when
   // `sample`, the tokens chosen from them and their log-probs in the step's part of chosen_.
@@ -274,34 +256,6 @@ class CudaEngine : public Engine {
   void ForgetSamplingGraphs(int64_t bucket) {
     for (int set = 0; set < kMaxStepsInFlight; ++set) graphs_.erase({bucket, true, set});
   }
-  // A step that mixes prompts into decode rows launches ~190 kernels, which one by one cost the
-  // host more time than the GPU spends on them (bench/README.md v73). Such steps that sample,
-  // of up to kMixedGraphMaxRows rows, run as graphs too, by bucket: their rows rounded up to a
-  // multiple of kMixedGraphRowMultiple, their decode segments to a power of two, their scanned
-  // segments as they are up to kMixedGraphScannedMultiple, then to a multiple of it (the scan
-  // takes its wide form by its grid: a bucket must not push a short prompts' grid past the
-  // SMs). Padding segments are empty (count 0), which every kernel of the step passes over;
-  // padding rows belong to the last prompt, past its count, where they compute what no row of
-  // it reads; the sampler's rows follow the segments, padding included.
-  struct MixedBucket {
-    int64_t rows, decode_segments, scanned_segments;
-    auto operator<=>(const MixedBucket&) const = default;
-  };
-  static constexpr int64_t kMixedGraphMaxRows = 1024, kMixedGraphRowMultiple = 64,
-                           kMixedGraphScannedMultiple = 16;
-  // The mixed graphs kept: past this many, the one used longest ago goes. A server's steps fall
-  // in a few dozen buckets (its decode bucket, a few prompts, up to 16 row buckets); the bound
-  // keeps a wider spread of prompts from holding a graph for every bucket it ever met.
-  static constexpr size_t kMaxMixedGraphs = 128;
-  // The bucket of a step of `rows` rows and these segments, if it takes a graph.
-  static std::optional<MixedBucket> MixedBucketFor(int64_t rows, int64_t decode_segments,
-                                                   int64_t scanned_segments);
-  // The graph of a mixed step's bucket for the step's output set, captured on first use.
-  absl::StatusOr<cudaGraphExec_t> MixedGraphFor(const MixedBucket& bucket);
-  // A mixed step that samples, through the graph of its bucket.
-  absl::Status EnqueueMixedStep(std::span<const SequenceChunk> batch,
-                                std::span<const SamplingParams> sampling,
-                                const MixedBucket& bucket);
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
@@ -433,15 +387,8 @@ class CudaEngine : public Engine {
   std::vector<int32_t> decode_candidates_;  // The segments of at most one token.
   std::vector<DecodeWork> decode_work_;     // Theirs.
   std::vector<int32_t> decode_order_;       // Indices into decode_candidates_.
-  // Captured decode steps by (batch-size bucket, whether they sample, output set), and mixed
-  // steps by (bucket, output set).
+  // Captured decode steps by (batch-size bucket, whether they sample, output set).
   std::map<std::tuple<int64_t, bool, int>, std::unique_ptr<DecodeGraph>> graphs_;
-  struct MixedGraph {
-    std::unique_ptr<DecodeGraph> graph;
-    int64_t last_used = 0;  // mixed_steps_ when it last ran.
-  };
-  std::map<std::pair<MixedBucket, int>, MixedGraph> mixed_graphs_;
-  int64_t mixed_steps_ = 0;
   // cu::SequenceStep's layer table (on the device; its first layer on the host too) and
   // grid-barrier counters; whether the model fits it.
   DeviceBuffer sequence_step_layers_, sequence_step_counters_;
@@ -850,10 +797,7 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   s.room = {.rows = static_cast<int64_t>(R),
             .segments = static_cast<int64_t>(S),
             .logit_rows = static_cast<int64_t>(L)};
-  if (grew) {
-    graphs_.clear();
-    mixed_graphs_.clear();
-  }
+  if (grew) graphs_.clear();
   return absl::OkStatus();
 }
 
@@ -981,18 +925,9 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
     return EnqueueDecodeStep(batch, sampling, sample);
   }
 
-  int64_t rows = 0, one_row_segments = 0;
-  for (const SequenceChunk& chunk : batch) {
-    rows += chunk.length();
-    one_row_segments += chunk.length() == 1;
-  }
+  int64_t rows = 0;
+  for (const SequenceChunk& chunk : batch) rows += chunk.length();
   const int64_t segments = batch.size();
-  if (sample && which == LogitsFor::kLastToken) {  // No chunk is empty (Validate).
-    if (const std::optional<MixedBucket> bucket =
-            MixedBucketFor(rows, one_row_segments, segments - one_row_segments)) {
-      return EnqueueMixedStep(batch, sampling, *bucket);
-    }
-  }
   const int64_t logit_rows =
       which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
   const bool has_output = which != LogitsFor::kNone;
@@ -1003,13 +938,17 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   int32_t row = 0;
   for (int64_t b = 0; b < segments; ++b) {
     const SequenceChunk& chunk = batch[b];
-    const int32_t first = row;
-    row = StageChunk(chunk, b, row);
-    if (which == LogitsFor::kEveryToken) {
-      for (int32_t r = first; r < row; ++r) staged.out_rows[r] = r;
+    const int32_t n = static_cast<int32_t>(chunk.length());
+    staged.segments[b] = {
+        .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
+    for (int32_t i = 0; i < n; ++i) {
+      staged.tokens[row + i] = StagedToken(chunk, i);
+      staged.row_segment[row + i] = static_cast<int32_t>(b);
+      if (which == LogitsFor::kEveryToken) staged.out_rows[row + i] = row + i;
     }
+    row += n;
     if (which == LogitsFor::kLastToken) staged.out_rows[b] = row - 1;
-    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
+    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
   }
   const int64_t decode_segments = StageDecodeOrder(segments);
   TTT_RETURN_IF_ERROR(UploadInputs());
@@ -1051,15 +990,14 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   return EndStep(/*has_output=*/true, n, sample, /*sampled_rows=*/bucket);
 }
 
-int64_t CudaEngine::StageDecodeOrder(int64_t segments, int64_t scanned_padding) {
+int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
   Scratch& s = scratch_;
   cu::Segment* staged = s.host_in.segments;
   const int64_t K = model_->config.mini_batch_size;
-  auto scanned = [&](int64_t b) { return staged[b].count > 1 || b >= scanned_padding; };
   decode_candidates_.clear();
   decode_work_.clear();
   for (int64_t b = 0; b < segments; ++b) {
-    if (scanned(b)) continue;
+    if (staged[b].count > 1) continue;
     decode_candidates_.push_back(static_cast<int32_t>(b));
     decode_work_.push_back(staged[b].count == 0           ? DecodeWork::kIdle
                            : staged[b].start % K == K - 1 ? DecodeWork::kCommit
@@ -1080,7 +1018,7 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments, int64_t scanned_padding) 
     *ordered++ = staged[decode_candidates_[decode_order_[i]]];
   }
   for (int64_t b = 0; b < segments; ++b) {
-    if (scanned(b)) *ordered++ = staged[b];
+    if (staged[b].count > 1) *ordered++ = staged[b];
   }
   return decode_segments;
 }
@@ -1103,94 +1041,6 @@ absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool 
     graph = std::move(captured);
   }
   return *graph->exec();
-}
-
-std::optional<CudaEngine::MixedBucket> CudaEngine::MixedBucketFor(int64_t rows,
-                                                                  int64_t decode_segments,
-                                                                  int64_t scanned_segments) {
-  if (decode_segments == 0 || scanned_segments == 0 || rows > kMixedGraphMaxRows) {
-    return std::nullopt;
-  }
-  auto multiple = [](int64_t n, int64_t of) { return (n + of - 1) / of * of; };
-  return MixedBucket{
-      .rows = multiple(rows, kMixedGraphRowMultiple),
-      .decode_segments =
-          static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(decode_segments))),
-      .scanned_segments = scanned_segments <= kMixedGraphScannedMultiple
-                              ? scanned_segments
-                              : multiple(scanned_segments, kMixedGraphScannedMultiple)};
-}
-
-absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
-                                          std::span<const SamplingParams> sampling,
-                                          const MixedBucket& bucket) {
-  const int64_t n = batch.size();
-  const int64_t segments = bucket.decode_segments + bucket.scanned_segments;
-  TTT_RETURN_IF_ERROR(EnsureScratch(bucket.rows, segments, segments));
-  LayOutInputs(bucket.rows, segments, segments);
-  const StepInputs& staged = scratch_.host_in;
-  int32_t row = 0;
-  int64_t one_row_segments = 0, last_prompt = 0;
-  for (int64_t b = 0; b < n; ++b) {
-    const SequenceChunk& chunk = batch[b];
-    row = StageChunk(chunk, b, row);
-    one_row_segments += chunk.length() == 1;
-    if (chunk.length() > 1) last_prompt = b;
-    staged.out_rows[b] = row - 1;
-    StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
-  }
-  // The padding: idle decode segments up to the decode bucket, then empty scanned ones. Empty
-  // segments name a live slot (one the step takes), whose state none of them reads or writes.
-  const SequenceSlot any_slot = batch[0].slot;
-  const int64_t scanned_padding = n + bucket.decode_segments - one_row_segments;
-  for (int64_t b = n; b < segments; ++b) {
-    staged.segments[b] = {.row = row, .count = 0, .slot = any_slot, .start = 0};
-    staged.out_rows[b] = 0;
-    StageSampling(b, SamplingParams{}, 0);
-  }
-  for (int64_t r = row; r < bucket.rows; ++r) {
-    staged.tokens[r] = 0;
-    staged.row_segment[r] = static_cast<int32_t>(last_prompt);
-  }
-  const int64_t decode_segments = StageDecodeOrder(segments, scanned_padding);
-  if (decode_segments != bucket.decode_segments) {
-    return absl::InternalError(absl::StrCat("mixed step staged ", decode_segments,
-                                            " decode segments for a bucket of ",
-                                            bucket.decode_segments));
-  }
-  TTT_RETURN_IF_ERROR(UploadInputs());
-  TTT_ASSIGN_OR_RETURN(const cudaGraphExec_t graph, MixedGraphFor(bucket));
-  TTT_CUDA(cudaGraphLaunch(graph, stream_));
-  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
-  SetChosenRows(batch);
-  return EndStep(/*has_output=*/true, n, /*sample=*/true, /*sampled_rows=*/segments);
-}
-
-absl::StatusOr<cudaGraphExec_t> CudaEngine::MixedGraphFor(const MixedBucket& bucket) {
-  const std::pair<MixedBucket, int> key{bucket, step_set_};
-  auto found = mixed_graphs_.find(key);
-  if (found == mixed_graphs_.end()) {
-    auto captured = std::make_unique<DecodeGraph>();
-    TTT_RETURN_IF_ERROR(JoinScanStream());  // As DecodeGraphFor.
-    const int64_t segments = bucket.decode_segments + bucket.scanned_segments;
-    LayOutInputs(bucket.rows, segments, segments);
-    TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status enqueued = EnqueueForward(bucket.rows, segments, bucket.decode_segments,
-                                                 segments, /*gather=*/true, /*sample=*/true);
-    const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
-    TTT_RETURN_IF_ERROR(enqueued);
-    TTT_CUDA(ended);
-    TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
-    if (mixed_graphs_.size() >= kMaxMixedGraphs) {
-      // A graph still running is freed when it ends (cudaGraphExecDestroy).
-      mixed_graphs_.erase(std::ranges::min_element(mixed_graphs_, {}, [](const auto& entry) {
-        return entry.second.last_used;
-      }));
-    }
-    found = mixed_graphs_.emplace(key, MixedGraph{.graph = std::move(captured)}).first;
-  }
-  found->second.last_used = ++mixed_steps_;
-  return *found->second.graph->exec();
 }
 
 absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {

@@ -24,8 +24,7 @@ struct CudaEngineOptions {
   // start for the steps it implies, with decode rows for up to kPreparedDecodeRows sequences:
   // buffers sized, every GEMM shape planned and run once (its kernel loaded), and a decode
   // graph captured for every batch-size bucket, so that no request pays for those. Larger steps
-  // still run; they pay once, as does each bucket of the steps that mix prompts with decode rows
-  // (its graph is captured when it first comes: a few ms).
+  // still run; they pay once.
   int64_t prefill_tokens_per_step = 0;
   static constexpr int64_t kPreparedDecodeRows = 1024;
   // Decode steps of a single sequence can run every layer in one persistent kernel
