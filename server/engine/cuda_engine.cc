@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu_ops.h"
@@ -1187,7 +1188,7 @@ absl::Status CudaEngine::CaptureMixedGraphs() {
     mixed_scanned_ladder_.push_back(scanned);
   }
   TTT_RETURN_IF_ERROR(JoinScanStream());  // As DecodeGraphFor.
-  const int step_set = step_set_;
+  absl::Cleanup restore_step_set = [this, step_set = step_set_] { step_set_ = step_set; };
   // Each bucket's fewest rows: its fewest decode segments, and its fewest prompts of two tokens
   // (a prompt of one is a decode segment).
   for (int64_t decode = 1; decode <= decode_rows; decode *= 2) {
@@ -1219,7 +1220,6 @@ absl::Status CudaEngine::CaptureMixedGraphs() {
       fewest_scanned = scanned + 1;
     }
   }
-  step_set_ = step_set;
   return absl::OkStatus();
 }
 
