@@ -369,6 +369,7 @@ absl::Status Run() {
     if (batch == 1 && !engine.single_sequence_decode().empty()) {
       result["single_sequence_decode"] = engine.single_sequence_decode();
     }
+    if (!engine.preparation().empty()) result["preparation"] = engine.preparation();
     if (bandwidth > 0) {
       result["copy_bandwidth_gb_per_s"] = bandwidth / 1e9;
       result["memory_floor_ms"] = 1e3 * floor_bytes / bandwidth;

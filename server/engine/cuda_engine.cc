@@ -182,6 +182,7 @@ class CudaEngine : public Engine {
     return collected_replayed_graph_;
   }
   std::string single_sequence_decode() const override { return single_sequence_decode_; }
+  std::string preparation() const override { return preparation_; }
 
  private:
   cu::ElementType gemm_type() const {
@@ -450,6 +451,7 @@ class CudaEngine : public Engine {
   bool sequence_step_ = false;
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
   std::string single_sequence_decode_;  // Which path, and why.
+  std::string preparation_;             // What PrepareForSteps did, and what it cost.
 
   // The tokens a step chooses, ids then log-probs (n of each, n the rows it samples), so that one
   // copy brings both: on the device, where the next step may take the ids, and in pinned memory.
@@ -1226,6 +1228,9 @@ absl::Status CudaEngine::CaptureMixedGraphs() {
 absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const absl::Time started = absl::Now();
+  size_t free_before = 0, free_after = 0, total = 0;
+  TTT_CUDA(cudaMemGetInfo(&free_before, &total));
   // Mixed steps sample a row for each decode segment of their bucket and each scanned one.
   const int64_t segments = decode_rows + kMixedGraphMaxScanned;
   TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, segments, segments));
@@ -1253,8 +1258,23 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
   step_set_ = step_set;
   mixed_decode_rows_ = decode_rows;
   mixed_prompt_rows_ = max_rows - decode_rows;
+  size_t free_before_mixed = 0;
+  TTT_CUDA(cudaMemGetInfo(&free_before_mixed, &total));
+  const absl::Time mixed_started = absl::Now();
   TTT_RETURN_IF_ERROR(CaptureMixedGraphs());
   TTT_CUDA(cudaStreamSynchronize(stream_));
+  const absl::Time ended = absl::Now();
+  TTT_CUDA(cudaMemGetInfo(&free_after, &total));
+  auto mib = [](size_t before, size_t after) {
+    return (static_cast<double>(before) - static_cast<double>(after)) / (1 << 20);
+  };
+  preparation_ = absl::StrFormat(
+      "for steps of up to %d rows and %d decoding sequences in %.2f s and %.0f MiB of device "
+      "memory: buffers, products, %d decode graphs, and %d graphs of steps that mix prompts "
+      "with decode rows (%.2f s, %.0f MiB)",
+      max_rows, decode_rows, absl::ToDoubleSeconds(ended - started),
+      mib(free_before, free_after), graphs_.size(), mixed_graphs_.size(),
+      absl::ToDoubleSeconds(ended - mixed_started), mib(free_before_mixed, free_after));
   return absl::OkStatus();
 }
 

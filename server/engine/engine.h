@@ -111,6 +111,9 @@ class Engine {
   // How a decode step of a single sequence runs, and why, where the backend has more than one
   // way (for the server's log and benchmark records); empty elsewhere.
   virtual std::string single_sequence_decode() const { return {}; }
+  // What the backend prepared at start for the steps it expects (graphs captured, and what they
+  // cost), for the server's log and benchmark records; empty where it prepares nothing.
+  virtual std::string preparation() const { return {}; }
 
  protected:
   // Whether the default Start has results that Finish has not taken, and is not computing
