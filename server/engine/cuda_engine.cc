@@ -274,6 +274,11 @@ class CudaEngine : public Engine {
   // GEMM shape such steps use once, and captures the decode graph of every bucket up to
   // decode_rows and the graphs of the steps that mix prompts into them (CaptureMixedGraphs).
   absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
+  // EnqueueForward's work captured as a graph (stream_ capturing, nothing launched), instantiated.
+  absl::StatusOr<std::unique_ptr<DecodeGraph>> CaptureForward(int64_t rows, int64_t num_segments,
+                                                              int64_t decode_segments,
+                                                              int64_t logit_rows, bool gather,
+                                                              bool sample);
   // The decode graph of a batch-size bucket for the step's output set, captured on first use.
   absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
   // Drops a bucket's sampling graphs (every output set's), to be captured again on next use.
@@ -301,10 +306,10 @@ class CudaEngine : public Engine {
   // Captures the graphs of every bucket of the steps that mix up to mixed_decode_rows_ decode
   // rows with up to mixed_prompt_rows_ rows of prompts, for every output set.
   absl::Status CaptureMixedGraphs();
-  // A mixed step that samples, through the graph of its bucket.
+  // A mixed step that samples, through `graph`, its bucket's for the step's output set.
   absl::Status EnqueueMixedStep(std::span<const SequenceChunk> batch,
                                 std::span<const SamplingParams> sampling,
-                                const MixedBucket& bucket);
+                                const MixedBucket& bucket, cudaGraphExec_t graph);
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
@@ -1000,8 +1005,11 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
       // at once, as the decode graphs are one by one.
       TTT_RETURN_IF_ERROR(CaptureMixedGraphs());
     }
-    if (bucket && mixed_graphs_.contains({*bucket, step_set_})) {
-      return EnqueueMixedStep(batch, sampling, *bucket);
+    if (bucket) {
+      if (const auto found = mixed_graphs_.find({*bucket, step_set_});
+          found != mixed_graphs_.end()) {
+        return EnqueueMixedStep(batch, sampling, *bucket, *found->second->exec());
+      }
     }
   }
   const int64_t logit_rows =
@@ -1096,22 +1104,29 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments, int64_t scanned_padding) 
   return decode_segments;
 }
 
+absl::StatusOr<std::unique_ptr<DecodeGraph>> CudaEngine::CaptureForward(
+    int64_t rows, int64_t num_segments, int64_t decode_segments, int64_t logit_rows, bool gather,
+    bool sample) {
+  auto captured = std::make_unique<DecodeGraph>();
+  TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued =
+      EnqueueForward(rows, num_segments, decode_segments, logit_rows, gather, sample);
+  const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
+  TTT_RETURN_IF_ERROR(enqueued);
+  TTT_CUDA(ended);
+  TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
+  return captured;
+}
+
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample, step_set_}];
   if (graph == nullptr) {
-    auto captured = std::make_unique<DecodeGraph>();
     // A mixed step that failed part-way leaves the scan stream unjoined; joined inside the
     // capture, its wait would reach outside the graph.
     TTT_RETURN_IF_ERROR(JoinScanStream());
     LayOutDecodeInputs(bucket);
-    TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status enqueued = EnqueueForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
-                                                 /*gather=*/false, sample);
-    const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
-    TTT_RETURN_IF_ERROR(enqueued);
-    TTT_CUDA(ended);
-    TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
-    graph = std::move(captured);
+    TTT_ASSIGN_OR_RETURN(graph, CaptureForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
+                                               /*gather=*/false, sample));
   }
   return *graph->exec();
 }
@@ -1132,10 +1147,9 @@ std::optional<CudaEngine::MixedBucket> CudaEngine::MixedBucketFor(
 
 absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
                                           std::span<const SamplingParams> sampling,
-                                          const MixedBucket& bucket) {
-  // The bucket's graph was captured with the buffers as they are: they have its room (growing
-  // them drops every mixed graph).
-  const cudaGraphExec_t graph = *mixed_graphs_.at({bucket, step_set_})->exec();
+                                          const MixedBucket& bucket, cudaGraphExec_t graph) {
+  // The graph was captured with the buffers as they are, so they have the bucket's room
+  // (growing them drops every mixed graph).
   const int64_t n = batch.size();
   const int64_t segments = bucket.decode_segments + bucket.scanned_segments;
   LayOutInputs(bucket.rows, segments, segments);
@@ -1207,16 +1221,11 @@ absl::Status CudaEngine::CaptureMixedGraphs() {
         const int64_t segments = decode + scanned;
         for (int set = 0; set < kMaxStepsInFlight; ++set) {
           step_set_ = set;
-          auto captured = std::make_unique<DecodeGraph>();
           LayOutInputs(rows, segments, segments);
-          TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-          const absl::Status enqueued = EnqueueForward(rows, segments, decode, segments,
-                                                       /*gather=*/true, /*sample=*/true);
-          const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
-          TTT_RETURN_IF_ERROR(enqueued);
-          TTT_CUDA(ended);
-          TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
-          mixed_graphs_[{bucket, set}] = std::move(captured);
+          TTT_ASSIGN_OR_RETURN(std::unique_ptr<DecodeGraph> graph,
+                               CaptureForward(rows, segments, decode, segments, /*gather=*/true,
+                                              /*sample=*/true));
+          mixed_graphs_[std::pair(bucket, set)] = std::move(graph);
         }
       }
       fewest_scanned = scanned + 1;
