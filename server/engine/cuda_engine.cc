@@ -288,15 +288,18 @@ class CudaEngine : public Engine {
   // A step that mixes prompts into decode rows launches ~190 kernels, which one by one cost the
   // host more time than the GPU spends on them (bench/README.md v73). Such steps that sample run
   // as graphs too, by bucket: their rows as GemmRows rounds them (the products compute those
-  // rows anyway), up to kMixedGraphMaxRows; their decode segments rounded up to a power of two;
-  // their scanned segments up mixed_scanned_ladder_. Padding segments are empty (count 0), which
-  // every kernel of the step passes over; padding rows belong to the last prompt, past its count,
-  // where they compute what no row of it reads; the sampler's rows follow the segments, padding
-  // included. The graphs are captured at start (PrepareForSteps) for every bucket the server's
-  // steps can fall in, not one by one while serving: each capture holds up every stream for
-  // milliseconds (v74). Steps outside them launch kernel by kernel.
+  // rows anyway), up to kMixedGraphMaxRows; their scanned segments up mixed_scanned_ladder_; all
+  // their segments, the rows of the LM head and the sampler, as GemmRows rounds them, the decode
+  // segments filling what the scanned ones leave (rounding the decode segments alone would push
+  // 255 of them and a prompt to an LM head of 512 rows: v76). Padding segments are empty (count
+  // 0), which every kernel of the step passes over; padding rows belong to the last prompt, past
+  // its count, where they compute what no row of it reads; the sampler's rows follow the
+  // segments, padding included. The graphs are captured at start (PrepareForSteps) for every
+  // bucket the server's steps can fall in, not one by one while serving: each capture holds up
+  // every stream for milliseconds (v74). Steps outside them launch kernel by kernel.
   struct MixedBucket {
-    int64_t rows, decode_segments, scanned_segments;
+    int64_t rows, segments, scanned_segments;
+    int64_t decode_segments() const { return segments - scanned_segments; }
     auto operator<=>(const MixedBucket&) const = default;
   };
   static constexpr int64_t kMixedGraphMaxRows = 1024, kMixedGraphMaxScanned = 16;
@@ -1138,11 +1141,9 @@ std::optional<CudaEngine::MixedBucket> CudaEngine::MixedBucketFor(
   }
   const auto scanned = std::ranges::lower_bound(mixed_scanned_ladder_, scanned_segments);
   if (scanned == mixed_scanned_ladder_.end()) return std::nullopt;
-  return MixedBucket{
-      .rows = GemmRows(rows),
-      .decode_segments =
-          static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(decode_segments))),
-      .scanned_segments = *scanned};
+  return MixedBucket{.rows = GemmRows(rows),
+                     .segments = GemmRows(decode_segments + *scanned),
+                     .scanned_segments = *scanned};
 }
 
 absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
@@ -1151,7 +1152,7 @@ absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
   // The graph was captured with the buffers as they are, so they have the bucket's room
   // (growing them drops every mixed graph).
   const int64_t n = batch.size();
-  const int64_t segments = bucket.decode_segments + bucket.scanned_segments;
+  const int64_t segments = bucket.segments;
   LayOutInputs(bucket.rows, segments, segments);
   const StepInputs& staged = scratch_.host_in;
   int32_t row = 0;
@@ -1164,10 +1165,10 @@ absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
     staged.out_rows[b] = row - 1;
     StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
   }
-  // The padding: idle decode segments up to the decode bucket, then empty scanned ones. Empty
+  // The padding: idle decode segments up to the bucket's, then empty scanned ones. Empty
   // segments name a live slot (one the step takes), whose state none of them reads or writes.
   const SequenceSlot any_slot = batch[0].slot;
-  const int64_t scanned_padding = n + bucket.decode_segments - one_row_segments;
+  const int64_t scanned_padding = n + bucket.decode_segments() - one_row_segments;
   for (int64_t b = n; b < segments; ++b) {
     staged.segments[b] = {.row = row, .count = 0, .slot = any_slot, .start = 0};
     staged.out_rows[b] = 0;
@@ -1178,10 +1179,10 @@ absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
     staged.row_segment[r] = static_cast<int32_t>(last_prompt);
   }
   const int64_t decode_segments = StageDecodeOrder(segments, scanned_padding);
-  if (decode_segments != bucket.decode_segments) {
+  if (decode_segments != bucket.decode_segments()) {
     return absl::InternalError(absl::StrCat("mixed step staged ", decode_segments,
                                             " decode segments for a bucket of ",
-                                            bucket.decode_segments));
+                                            bucket.decode_segments()));
   }
   TTT_RETURN_IF_ERROR(UploadInputs());
   TTT_CUDA(cudaGraphLaunch(graph, stream_));
@@ -1205,26 +1206,31 @@ absl::Status CudaEngine::CaptureMixedGraphs() {
   }
   TTT_RETURN_IF_ERROR(JoinScanStream());  // As DecodeGraphFor.
   absl::Cleanup restore_step_set = [this, step_set = step_set_] { step_set_ = step_set; };
-  // Each bucket's fewest rows: its fewest decode segments, and its fewest prompts of two tokens
-  // (a prompt of one is a decode segment).
-  for (int64_t decode = 1; decode <= decode_rows; decode *= 2) {
-    const int64_t fewest_decode = decode / 2 + 1;
+  // A step of d decode segments and up to `scanned` scanned ones falls in the bucket of
+  // GemmRows(d + scanned) segments: d past the smaller such count before it. Each bucket's fewest
+  // rows: its fewest decode segments, and its fewest prompts of two tokens (a prompt of one is a
+  // decode segment); its most: its most decode segments and the budget's prompt rows.
+  int64_t smaller_segments = 0;
+  for (int64_t segments = 1; smaller_segments - mixed_scanned_ladder_.back() < decode_rows;
+       smaller_segments = segments, segments = GemmRows(segments + 1)) {
     int64_t fewest_scanned = 1;
     for (const int64_t scanned : mixed_scanned_ladder_) {
+      if (scanned >= segments) break;
+      const int64_t fewest_decode = std::max<int64_t>(1, smaller_segments + 1 - scanned);
+      const int64_t most_decode = std::min(segments - scanned, decode_rows);
       const int64_t fewest_rows = fewest_decode + 2 * fewest_scanned;
-      const int64_t most_rows = std::min(decode + prompt_rows, kMixedGraphMaxRows);
-      if (fewest_decode + fewest_scanned > capacity_ || fewest_rows > most_rows) break;
-      for (int64_t rows = GemmRows(fewest_rows); rows <= GemmRows(most_rows);
+      const int64_t most_rows = std::min(most_decode + prompt_rows, kMixedGraphMaxRows);
+      const bool reachable = fewest_decode <= most_decode && fewest_rows <= most_rows &&
+                             fewest_decode + fewest_scanned <= capacity_;
+      for (int64_t rows = GemmRows(fewest_rows); reachable && rows <= GemmRows(most_rows);
            rows = GemmRows(rows + 1)) {
-        const MixedBucket bucket{
-            .rows = rows, .decode_segments = decode, .scanned_segments = scanned};
-        const int64_t segments = decode + scanned;
+        const MixedBucket bucket{.rows = rows, .segments = segments, .scanned_segments = scanned};
         for (int set = 0; set < kMaxStepsInFlight; ++set) {
           step_set_ = set;
           LayOutInputs(rows, segments, segments);
           TTT_ASSIGN_OR_RETURN(std::unique_ptr<DecodeGraph> graph,
-                               CaptureForward(rows, segments, decode, segments, /*gather=*/true,
-                                              /*sample=*/true));
+                               CaptureForward(rows, segments, bucket.decode_segments(), segments,
+                                              /*gather=*/true, /*sample=*/true));
           mixed_graphs_[std::pair(bucket, set)] = std::move(graph);
         }
       }
@@ -1240,8 +1246,9 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
   const absl::Time started = absl::Now();
   size_t free_before = 0, free_after = 0, total = 0;
   TTT_CUDA(cudaMemGetInfo(&free_before, &total));
-  // Mixed steps sample a row for each decode segment of their bucket and each scanned one.
-  const int64_t segments = decode_rows + kMixedGraphMaxScanned;
+  // Mixed steps sample a row for each segment of their bucket, which rounds up their decode
+  // segments and scanned ones (MixedBucketFor).
+  const int64_t segments = GemmRows(decode_rows + kMixedGraphMaxScanned);
   TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, segments, segments));
   // Every GEMM shape of such steps, once, on whatever the buffers hold.
   const LayerWeights& w = layers_.front();

@@ -1263,10 +1263,10 @@ void ExpectMixedStepsChooseTheCpuEnginesTokens(const std::shared_ptr<const Model
 TEST(CudaJoinersTest, MixedStepsAtTheirBucketsEdgesChooseTheCpuEnginesTokens) {
   SKIP_WITHOUT_GPU();
   const MixedShape shapes[] = {
-      {3, 1, 61, true},    // 64 rows, no padding row; one idle decode segment.
-      {9, 2, 7, true},     // 23 rows: a bucket of 32; 16 decode segments.
-      {5, 3, 2, true},     // 11 rows: 16; 8 decode segments; 4 scanned, one of them empty.
-      {33, 5, 6, true},    // 63 rows: 64; 64 decode segments; 8 scanned or the ladder's step.
+      {3, 1, 61, true},    // 64 rows and 4 segments: no padding.
+      {9, 2, 7, true},     // 23 rows: a bucket of 32; 16 segments, 14 of them decode ones.
+      {5, 3, 2, true},     // 11 rows: 16; 16 segments: 12 decode, 4 scanned (one empty).
+      {33, 5, 6, true},    // 63 rows: 64; 64 segments: 8 scanned or the ladder's step.
       {5, 17, 2, false},   // 17 prompts.
       {1, 1, 200, false},  // 201 rows: 256, past the 128 that one decode row and 64 prompt rows
                            // take.
