@@ -65,6 +65,10 @@ ABSL_FLAG(int32_t, joining, 0,
           "take their places, each step's chunk for them being a prompt of --joining_prompt "
           "tokens: steps that mix prompts with decode rows, as a server's do.");
 ABSL_FLAG(int32_t, joining_prompt, 16, "Prompt tokens of each sequence that --joining adds.");
+ABSL_FLAG(int64_t, prefill_tokens_per_step, -1,
+          "The engine prepares at start for steps with this many prompt tokens, as a server "
+          "with that prefill budget does (CUDA: the graphs of the steps that mix prompts with "
+          "decode rows among others). -1: --joining × --joining_prompt; 0: none.");
 ABSL_FLAG(int32_t, steps_in_flight, 1,
           "1: each step is timed alone, from queueing it to its tokens on the host (its latency). "
           "2: as the server drives the engine, the next step is queued before the one in flight "
@@ -188,7 +192,15 @@ absl::Status Run() {
     }
     EngineOptions options = engine_options;
     options.max_sequences = batch;
+    options.prefill_tokens_per_step = absl::GetFlag(FLAGS_prefill_tokens_per_step);
+    if (options.prefill_tokens_per_step < 0) {
+      options.prefill_tokens_per_step =
+          int64_t{absl::GetFlag(FLAGS_joining)} * absl::GetFlag(FLAGS_joining_prompt);
+    }
+    const auto creating = std::chrono::steady_clock::now();
     TTT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine_ptr, CreateEngine(model, options));
+    const double engine_start_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - creating).count();
     Engine& engine = *engine_ptr;
     TTT_ASSIGN_OR_RETURN(const double bandwidth, CopyBandwidth(engine.backend()));
     std::vector<SequenceChunk> chunks(batch);
@@ -272,8 +284,10 @@ absl::Status Run() {
     // the host once none is in flight, else on the device (the chunks take the tokens in flight).
     int32_t in_flight = 0;
     uint64_t tokens_digest = Fnv1a64({});  // Of no ids yet.
+    int64_t graph_steps = 0;  // Of those collected.
     auto collect_step = [&]() -> absl::Status {
       TTT_RETURN_IF_ERROR(engine.FinishForwardAndSample(&sampled));
+      graph_steps += engine.CollectedStepReplayedGraph().value_or(false);
       for (const SampledToken& token : sampled) {
         tokens_digest = Fnv1a64(std::as_bytes(std::span(&token.id, 1)), tokens_digest);
       }
@@ -330,7 +344,10 @@ absl::Status Run() {
         {"staggered", staggered},
         {"joining", joining},
         {"joining_prompt", joining_prompt},
+        {"prefill_tokens_per_step", options.prefill_tokens_per_step},
+        {"engine_start_s", engine_start_seconds},
         {"steps", steps},
+        {"graph_steps", graph_steps},
         {"steps_in_flight", steps_in_flight},
         {"temperature", sampling_flags.temperature},
         {"top_k", sampling_flags.top_k},
@@ -352,6 +369,7 @@ absl::Status Run() {
     if (batch == 1 && !engine.single_sequence_decode().empty()) {
       result["single_sequence_decode"] = engine.single_sequence_decode();
     }
+    if (!engine.preparation().empty()) result["preparation"] = engine.preparation();
     if (bandwidth > 0) {
       result["copy_bandwidth_gb_per_s"] = bandwidth / 1e9;
       result["memory_floor_ms"] = 1e3 * floor_bytes / bandwidth;

@@ -196,6 +196,9 @@ absl::Status Run() {
   if (const std::string path = scheduler.engine().single_sequence_decode(); !path.empty()) {
     Log(absl::StrCat("a lone sequence decodes through ", path));
   }
+  if (const std::string prepared = scheduler.engine().preparation(); !prepared.empty()) {
+    Log(absl::StrCat("the engine prepared ", prepared));
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu_ops.h"
@@ -126,6 +128,7 @@ class CudaEngine : public Engine {
 
   ~CudaEngine() override {
     graphs_.clear();
+    mixed_graphs_.clear();
     for (const std::array<cudaEvent_t, kMaxStepsInFlight>& events : {step_start_, step_done_}) {
       for (cudaEvent_t event : events) {
         if (event != nullptr) cudaEventDestroy(event);
@@ -175,7 +178,11 @@ class CudaEngine : public Engine {
   std::optional<absl::Duration> CollectedStepDeviceTime() const override {
     return collected_device_time_;
   }
+  std::optional<bool> CollectedStepReplayedGraph() const override {
+    return collected_replayed_graph_;
+  }
   std::string single_sequence_decode() const override { return single_sequence_decode_; }
+  std::string preparation() const override { return preparation_; }
 
  private:
   cu::ElementType gemm_type() const {
@@ -216,14 +223,28 @@ class CudaEngine : public Engine {
     if (!chunk.takes_token_in_flight) return chunk.tokens[i];
     return -(chosen_set_ * chosen_stride_ + chosen_row_[chunk.slot] + 1);
   }
+  // Stages `chunk` as the step's segment b from `row` on: the segment, its tokens and their
+  // segment. Returns the row after it.
+  int32_t StageChunk(const SequenceChunk& chunk, int64_t b, int32_t row) {
+    const StepInputs& staged = scratch_.host_in;
+    const int32_t length = static_cast<int32_t>(chunk.length());
+    staged.segments[b] = {
+        .row = row, .count = length, .slot = chunk.slot, .start = lengths_[chunk.slot]};
+    for (int32_t i = 0; i < length; ++i) {
+      staged.tokens[row + i] = StagedToken(chunk, i);
+      staged.row_segment[row + i] = static_cast<int32_t>(b);
+    }
+    return row + length;
+  }
   // Where the tokens a step of output set `set` chooses go on the device: ids, then log-probs.
   int32_t* chosen_ids(int set) const { return chosen_.get<int32_t>() + set * chosen_stride_; }
   // Marks `batch` as the newest step in flight that chooses tokens (none when empty).
   void SetChosenRows(std::span<const SequenceChunk> batch);
   // After queueing a step: its results' copy to pinned memory on download_stream_ and its
   // completion event. A step that samples chose tokens for `sampled_rows` rows, of which the
-  // first output_rows are the batch's.
-  absl::Status EndStep(bool has_output, int64_t output_rows, bool sample, int64_t sampled_rows);
+  // first output_rows are the batch's. `replays_graph`: the step launched a captured graph.
+  absl::Status EndStep(bool has_output, int64_t output_rows, bool sample, int64_t sampled_rows,
+                       bool replays_graph = false);
   // Copies the step's inputs staged in pinned memory (LayOutInputs) to the device, in one copy on
   // upload_stream_, which the step's kernels wait for.
   absl::Status UploadInputs();
@@ -233,7 +254,10 @@ class CudaEngine : public Engine {
   // token closes a window, and so commits θ0, where the kernel's warps take an item fewer). The
   // longer ones follow, for cu::TttScan. A step that mixes prompts with decode rows so runs its
   // decode rows as fast as a decode step does (bench/README.md v29).
-  int64_t StageDecodeOrder(int64_t segments);
+  // Segments from `scanned_padding` on (a mixed step's graph pads with them) go to the scan's
+  // part, whatever their count.
+  int64_t StageDecodeOrder(int64_t segments,
+                           int64_t scanned_padding = std::numeric_limits<int64_t>::max());
   // Enqueues the forward pass over inputs already on the device, ending with the logits of the
   // `logit_rows` rows listed in out_rows (or rows 0.. when !gather) in scratch_.logits, or, when
   // `sample`, the tokens chosen from them and their log-probs in the step's part of chosen_.
@@ -248,14 +272,47 @@ class CudaEngine : public Engine {
                        std::span<const SamplingParams> sampling, bool sample);
   // Sizes the buffers for steps of up to `max_rows` rows and `decode_rows` sequences, runs every
   // GEMM shape such steps use once, and captures the decode graph of every bucket up to
-  // decode_rows.
+  // decode_rows and the graphs of the steps that mix prompts into them (CaptureMixedGraphs).
   absl::Status PrepareForSteps(int64_t max_rows, int64_t decode_rows);
+  // EnqueueForward's work captured as a graph (stream_ capturing, nothing launched), instantiated.
+  absl::StatusOr<std::unique_ptr<DecodeGraph>> CaptureForward(int64_t rows, int64_t num_segments,
+                                                              int64_t decode_segments,
+                                                              int64_t logit_rows, bool gather,
+                                                              bool sample);
   // The decode graph of a batch-size bucket for the step's output set, captured on first use.
   absl::StatusOr<cudaGraphExec_t> DecodeGraphFor(int64_t bucket, bool sample);
   // Drops a bucket's sampling graphs (every output set's), to be captured again on next use.
   void ForgetSamplingGraphs(int64_t bucket) {
     for (int set = 0; set < kMaxStepsInFlight; ++set) graphs_.erase({bucket, true, set});
   }
+  // A step that mixes prompts into decode rows launches ~190 kernels, which one by one cost the
+  // host more time than the GPU spends on them (bench/README.md v73). Such steps that sample run
+  // as graphs too, by bucket: their rows as GemmRows rounds them (the products compute those
+  // rows anyway), up to kMixedGraphMaxRows; their scanned segments up mixed_scanned_ladder_; all
+  // their segments, the rows of the LM head and the sampler, as GemmRows rounds them, the decode
+  // segments filling what the scanned ones leave (rounding the decode segments alone would push
+  // 255 of them and a prompt to an LM head of 512 rows: v76). Padding segments are empty (count
+  // 0), which every kernel of the step passes over; padding rows belong to the last prompt, past
+  // its count, where they compute what no row of it reads; the sampler's rows follow the
+  // segments, padding included. The graphs are captured at start (PrepareForSteps) for every
+  // bucket the server's steps can fall in, not one by one while serving: each capture holds up
+  // every stream for milliseconds (v74). Steps outside them launch kernel by kernel.
+  struct MixedBucket {
+    int64_t rows, segments, scanned_segments;
+    int64_t decode_segments() const { return segments - scanned_segments; }
+    auto operator<=>(const MixedBucket&) const = default;
+  };
+  static constexpr int64_t kMixedGraphMaxRows = 1024, kMixedGraphMaxScanned = 16;
+  // The bucket of a step of `rows` rows and these segments, if one could take it.
+  std::optional<MixedBucket> MixedBucketFor(int64_t rows, int64_t decode_segments,
+                                            int64_t scanned_segments) const;
+  // Captures the graphs of every bucket of the steps that mix up to mixed_decode_rows_ decode
+  // rows with up to mixed_prompt_rows_ rows of prompts, for every output set.
+  absl::Status CaptureMixedGraphs();
+  // A mixed step that samples, through `graph`, its bucket's for the step's output set.
+  absl::Status EnqueueMixedStep(std::span<const SequenceChunk> batch,
+                                std::span<const SamplingParams> sampling,
+                                const MixedBucket& bucket, cudaGraphExec_t graph);
   // One token for each sequence of `batch`, through the graph of its batch-size bucket.
   absl::Status EnqueueDecodeStep(std::span<const SequenceChunk> batch,
                                  std::span<const SamplingParams> sampling, bool sample);
@@ -387,8 +444,14 @@ class CudaEngine : public Engine {
   std::vector<int32_t> decode_candidates_;  // The segments of at most one token.
   std::vector<DecodeWork> decode_work_;     // Theirs.
   std::vector<int32_t> decode_order_;       // Indices into decode_candidates_.
-  // Captured decode steps by (batch-size bucket, whether they sample, output set).
+  // Captured decode steps by (batch-size bucket, whether they sample, output set), and mixed
+  // steps by (bucket, output set).
   std::map<std::tuple<int64_t, bool, int>, std::unique_ptr<DecodeGraph>> graphs_;
+  std::map<std::pair<MixedBucket, int>, std::unique_ptr<DecodeGraph>> mixed_graphs_;
+  // The scanned segments' buckets: powers of two up to kMixedGraphMaxScanned, and the count
+  // whose scan grid fills the SMs (cu::TttScan takes its wide form up to it).
+  std::vector<int64_t> mixed_scanned_ladder_;
+  int64_t mixed_decode_rows_ = 0, mixed_prompt_rows_ = 0;  // Set by PrepareForSteps.
   // cu::SequenceStep's layer table (on the device; its first layer on the host too) and
   // grid-barrier counters; whether the model fits it.
   DeviceBuffer sequence_step_layers_, sequence_step_counters_;
@@ -396,6 +459,7 @@ class CudaEngine : public Engine {
   bool sequence_step_ = false;
   bool tensor_core_products_ = false;  // The GPU and the model take our tensor-core products.
   std::string single_sequence_decode_;  // Which path, and why.
+  std::string preparation_;             // What PrepareForSteps did, and what it cost.
 
   // The tokens a step chooses, ids then log-probs (n of each, n the rows it samples), so that one
   // copy brings both: on the device, where the next step may take the ids, and in pinned memory.
@@ -410,6 +474,7 @@ class CudaEngine : public Engine {
   std::array<cudaEvent_t, kMaxStepsInFlight> step_start_{}, step_done_{}, uploaded_{}, finished_{};
   int step_set_ = 0;  // The output set of the step being queued.
   std::optional<absl::Duration> collected_device_time_;
+  std::optional<bool> collected_replayed_graph_;
   // Each slot's row in the newest step in flight that chooses tokens (-1: none), and the slots
   // that have one; that step's output set.
   std::vector<int32_t> chosen_row_;
@@ -421,6 +486,7 @@ class CudaEngine : public Engine {
     int64_t output_rows = 0;   // Rows of logits, or of sampled tokens.
     int64_t sampled_rows = 0;  // Where the log-probs start in its output set.
     int output_set = 0;        // Its pinned output set and completion event.
+    bool replays_graph = false;
   };
   std::deque<PendingStep> pending_;
 };
@@ -797,7 +863,10 @@ absl::Status CudaEngine::EnsureScratch(int64_t rows, int64_t segments, int64_t l
   s.room = {.rows = static_cast<int64_t>(R),
             .segments = static_cast<int64_t>(S),
             .logit_rows = static_cast<int64_t>(L)};
-  if (grew) graphs_.clear();
+  if (grew) {
+    graphs_.clear();
+    mixed_graphs_.clear();
+  }
   return absl::OkStatus();
 }
 
@@ -925,9 +994,27 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
     return EnqueueDecodeStep(batch, sampling, sample);
   }
 
-  int64_t rows = 0;
-  for (const SequenceChunk& chunk : batch) rows += chunk.length();
+  int64_t rows = 0, one_row_segments = 0;
+  for (const SequenceChunk& chunk : batch) {
+    rows += chunk.length();
+    one_row_segments += chunk.length() == 1;
+  }
   const int64_t segments = batch.size();
+  if (sample && which == LogitsFor::kLastToken) {  // No chunk is empty (Validate).
+    const std::optional<MixedBucket> bucket =
+        MixedBucketFor(rows, one_row_segments, segments - one_row_segments);
+    if (bucket && mixed_graphs_.empty() && mixed_decode_rows_ > 0) {
+      // Buffers grown past the room prepared dropped them (EnsureScratch): captured again, all
+      // at once, as the decode graphs are one by one.
+      TTT_RETURN_IF_ERROR(CaptureMixedGraphs());
+    }
+    if (bucket) {
+      if (const auto found = mixed_graphs_.find({*bucket, step_set_});
+          found != mixed_graphs_.end()) {
+        return EnqueueMixedStep(batch, sampling, *bucket, *found->second->exec());
+      }
+    }
+  }
   const int64_t logit_rows =
       which == LogitsFor::kEveryToken ? rows : (which == LogitsFor::kLastToken ? segments : 0);
   const bool has_output = which != LogitsFor::kNone;
@@ -938,17 +1025,13 @@ absl::Status CudaEngine::Enqueue(std::span<const SequenceChunk> batch, LogitsFor
   int32_t row = 0;
   for (int64_t b = 0; b < segments; ++b) {
     const SequenceChunk& chunk = batch[b];
-    const int32_t n = static_cast<int32_t>(chunk.length());
-    staged.segments[b] = {
-        .row = row, .count = n, .slot = chunk.slot, .start = lengths_[chunk.slot]};
-    for (int32_t i = 0; i < n; ++i) {
-      staged.tokens[row + i] = StagedToken(chunk, i);
-      staged.row_segment[row + i] = static_cast<int32_t>(b);
-      if (which == LogitsFor::kEveryToken) staged.out_rows[row + i] = row + i;
+    const int32_t first = row;
+    row = StageChunk(chunk, b, row);
+    if (which == LogitsFor::kEveryToken) {
+      for (int32_t r = first; r < row; ++r) staged.out_rows[r] = r;
     }
-    row += n;
     if (which == LogitsFor::kLastToken) staged.out_rows[b] = row - 1;
-    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + n);
+    if (sample) StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
   }
   const int64_t decode_segments = StageDecodeOrder(segments);
   TTT_RETURN_IF_ERROR(UploadInputs());
@@ -987,17 +1070,18 @@ absl::Status CudaEngine::EnqueueDecodeStep(std::span<const SequenceChunk> batch,
   TTT_CUDA(cudaGraphLaunch(graph, stream_));
   for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += 1;
   SetChosenRows(sample ? batch : std::span<const SequenceChunk>());
-  return EndStep(/*has_output=*/true, n, sample, /*sampled_rows=*/bucket);
+  return EndStep(/*has_output=*/true, n, sample, /*sampled_rows=*/bucket, /*replays_graph=*/true);
 }
 
-int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
+int64_t CudaEngine::StageDecodeOrder(int64_t segments, int64_t scanned_padding) {
   Scratch& s = scratch_;
   cu::Segment* staged = s.host_in.segments;
   const int64_t K = model_->config.mini_batch_size;
+  auto scanned = [&](int64_t b) { return staged[b].count > 1 || b >= scanned_padding; };
   decode_candidates_.clear();
   decode_work_.clear();
   for (int64_t b = 0; b < segments; ++b) {
-    if (staged[b].count > 1) continue;
+    if (scanned(b)) continue;
     decode_candidates_.push_back(static_cast<int32_t>(b));
     decode_work_.push_back(staged[b].count == 0           ? DecodeWork::kIdle
                            : staged[b].start % K == K - 1 ? DecodeWork::kCommit
@@ -1018,35 +1102,154 @@ int64_t CudaEngine::StageDecodeOrder(int64_t segments) {
     *ordered++ = staged[decode_candidates_[decode_order_[i]]];
   }
   for (int64_t b = 0; b < segments; ++b) {
-    if (staged[b].count > 1) *ordered++ = staged[b];
+    if (scanned(b)) *ordered++ = staged[b];
   }
   return decode_segments;
+}
+
+absl::StatusOr<std::unique_ptr<DecodeGraph>> CudaEngine::CaptureForward(
+    int64_t rows, int64_t num_segments, int64_t decode_segments, int64_t logit_rows, bool gather,
+    bool sample) {
+  auto captured = std::make_unique<DecodeGraph>();
+  TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued =
+      EnqueueForward(rows, num_segments, decode_segments, logit_rows, gather, sample);
+  const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
+  TTT_RETURN_IF_ERROR(enqueued);
+  TTT_CUDA(ended);
+  TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
+  return captured;
 }
 
 absl::StatusOr<cudaGraphExec_t> CudaEngine::DecodeGraphFor(int64_t bucket, bool sample) {
   std::unique_ptr<DecodeGraph>& graph = graphs_[{bucket, sample, step_set_}];
   if (graph == nullptr) {
-    auto captured = std::make_unique<DecodeGraph>();
     // A mixed step that failed part-way leaves the scan stream unjoined; joined inside the
     // capture, its wait would reach outside the graph.
     TTT_RETURN_IF_ERROR(JoinScanStream());
     LayOutDecodeInputs(bucket);
-    TTT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    const absl::Status enqueued = EnqueueForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
-                                                 /*gather=*/false, sample);
-    const cudaError_t ended = cudaStreamEndCapture(stream_, captured->graph());
-    TTT_RETURN_IF_ERROR(enqueued);
-    TTT_CUDA(ended);
-    TTT_CUDA(cudaGraphInstantiate(captured->exec(), *captured->graph(), 0));
-    graph = std::move(captured);
+    TTT_ASSIGN_OR_RETURN(graph, CaptureForward(bucket, bucket, /*decode_segments=*/bucket, bucket,
+                                               /*gather=*/false, sample));
   }
   return *graph->exec();
+}
+
+std::optional<CudaEngine::MixedBucket> CudaEngine::MixedBucketFor(
+    int64_t rows, int64_t decode_segments, int64_t scanned_segments) const {
+  if (decode_segments == 0 || scanned_segments == 0 || rows > kMixedGraphMaxRows) {
+    return std::nullopt;
+  }
+  const auto scanned = std::ranges::lower_bound(mixed_scanned_ladder_, scanned_segments);
+  if (scanned == mixed_scanned_ladder_.end()) return std::nullopt;
+  return MixedBucket{.rows = GemmRows(rows),
+                     .segments = GemmRows(decode_segments + *scanned),
+                     .scanned_segments = *scanned};
+}
+
+absl::Status CudaEngine::EnqueueMixedStep(std::span<const SequenceChunk> batch,
+                                          std::span<const SamplingParams> sampling,
+                                          const MixedBucket& bucket, cudaGraphExec_t graph) {
+  // The graph was captured with the buffers as they are, so they have the bucket's room
+  // (growing them drops every mixed graph).
+  const int64_t n = batch.size();
+  const int64_t segments = bucket.segments;
+  LayOutInputs(bucket.rows, segments, segments);
+  const StepInputs& staged = scratch_.host_in;
+  int32_t row = 0;
+  int64_t one_row_segments = 0, last_prompt = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const SequenceChunk& chunk = batch[b];
+    row = StageChunk(chunk, b, row);
+    one_row_segments += chunk.length() == 1;
+    if (chunk.length() > 1) last_prompt = b;
+    staged.out_rows[b] = row - 1;
+    StageSampling(b, sampling[b], lengths_[chunk.slot] + chunk.length());
+  }
+  // The padding: idle decode segments up to the bucket's, then empty scanned ones. Empty
+  // segments name a live slot (one the step takes), whose state none of them reads or writes.
+  const SequenceSlot any_slot = batch[0].slot;
+  const int64_t scanned_padding = n + bucket.decode_segments() - one_row_segments;
+  for (int64_t b = n; b < segments; ++b) {
+    staged.segments[b] = {.row = row, .count = 0, .slot = any_slot, .start = 0};
+    staged.out_rows[b] = 0;
+    StageSampling(b, SamplingParams{}, 0);
+  }
+  for (int64_t r = row; r < bucket.rows; ++r) {
+    staged.tokens[r] = 0;
+    staged.row_segment[r] = static_cast<int32_t>(last_prompt);
+  }
+  const int64_t decode_segments = StageDecodeOrder(segments, scanned_padding);
+  if (decode_segments != bucket.decode_segments()) {
+    return absl::InternalError(absl::StrCat("mixed step staged ", decode_segments,
+                                            " decode segments for a bucket of ",
+                                            bucket.decode_segments()));
+  }
+  TTT_RETURN_IF_ERROR(UploadInputs());
+  TTT_CUDA(cudaGraphLaunch(graph, stream_));
+  for (const SequenceChunk& chunk : batch) lengths_[chunk.slot] += chunk.length();
+  SetChosenRows(batch);
+  return EndStep(/*has_output=*/true, n, /*sample=*/true, /*sampled_rows=*/segments,
+                 /*replays_graph=*/true);
+}
+
+absl::Status CudaEngine::CaptureMixedGraphs() {
+  const int64_t decode_rows = mixed_decode_rows_, prompt_rows = mixed_prompt_rows_;
+  int sms = 0;
+  TTT_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device));
+  const int64_t filling_sms = sms / model_->config.num_attention_heads;
+  mixed_scanned_ladder_.clear();
+  for (int64_t scanned = 1; scanned <= kMixedGraphMaxScanned; scanned *= 2) {
+    if (filling_sms > scanned / 2 && filling_sms < scanned) {
+      mixed_scanned_ladder_.push_back(filling_sms);
+    }
+    mixed_scanned_ladder_.push_back(scanned);
+  }
+  TTT_RETURN_IF_ERROR(JoinScanStream());  // As DecodeGraphFor.
+  absl::Cleanup restore_step_set = [this, step_set = step_set_] { step_set_ = step_set; };
+  // A step of d decode segments and up to `scanned` scanned ones falls in the bucket of
+  // GemmRows(d + scanned) segments: d past the smaller such count before it. Each bucket's fewest
+  // rows: its fewest decode segments, and its fewest prompts of two tokens (a prompt of one is a
+  // decode segment); its most: its most decode segments and the budget's prompt rows.
+  int64_t smaller_segments = 0;
+  for (int64_t segments = 1; smaller_segments - mixed_scanned_ladder_.back() < decode_rows;
+       smaller_segments = segments, segments = GemmRows(segments + 1)) {
+    int64_t fewest_scanned = 1;
+    for (const int64_t scanned : mixed_scanned_ladder_) {
+      if (scanned >= segments) break;
+      const int64_t fewest_decode = std::max<int64_t>(1, smaller_segments + 1 - scanned);
+      const int64_t most_decode = std::min(segments - scanned, decode_rows);
+      const int64_t fewest_rows = fewest_decode + 2 * fewest_scanned;
+      const int64_t most_rows = std::min(most_decode + prompt_rows, kMixedGraphMaxRows);
+      const bool reachable = fewest_decode <= most_decode && fewest_rows <= most_rows &&
+                             fewest_decode + fewest_scanned <= capacity_;
+      for (int64_t rows = GemmRows(fewest_rows); reachable && rows <= GemmRows(most_rows);
+           rows = GemmRows(rows + 1)) {
+        const MixedBucket bucket{.rows = rows, .segments = segments, .scanned_segments = scanned};
+        for (int set = 0; set < kMaxStepsInFlight; ++set) {
+          step_set_ = set;
+          LayOutInputs(rows, segments, segments);
+          TTT_ASSIGN_OR_RETURN(std::unique_ptr<DecodeGraph> graph,
+                               CaptureForward(rows, segments, bucket.decode_segments(), segments,
+                                              /*gather=*/true, /*sample=*/true));
+          mixed_graphs_[std::pair(bucket, set)] = std::move(graph);
+        }
+      }
+      fewest_scanned = scanned + 1;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) {
   const ModelConfig& c = model_->config;
   const int64_t D = c.hidden_size, I = c.intermediate_size;
-  TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, decode_rows, decode_rows));
+  const absl::Time started = absl::Now();
+  size_t free_before = 0, free_after = 0, total = 0;
+  TTT_CUDA(cudaMemGetInfo(&free_before, &total));
+  // Mixed steps sample a row for each segment of their bucket, which rounds up their decode
+  // segments and scanned ones (MixedBucketFor).
+  const int64_t segments = GemmRows(decode_rows + kMixedGraphMaxScanned);
+  TTT_RETURN_IF_ERROR(EnsureScratch(max_rows, segments, segments));
   // Every GEMM shape of such steps, once, on whatever the buffers hold.
   const LayerWeights& w = layers_.front();
   Scratch& s = scratch_;
@@ -1057,7 +1260,7 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
     TTT_RETURN_IF_ERROR(Gemm(s.x.get(), rows, D, w.gate_up, 2 * I, s.ffn.get(), false,
                              GateUpSums(rows, s.x.get(), D, w.gate_up, 2 * I)));
     TTT_RETURN_IF_ERROR(Gemm(s.ffn_act.get(), rows, I, w.down_proj, D, s.h.get<float>(), true));
-    if (rows <= decode_rows) {
+    if (rows <= segments) {
       TTT_RETURN_IF_ERROR(
           Gemm(s.final_in.get(), rows, D, lm_head_, c.vocab_size, s.logits.get<float>(), false));
     }
@@ -1069,12 +1272,30 @@ absl::Status CudaEngine::PrepareForSteps(int64_t max_rows, int64_t decode_rows) 
     }
   }
   step_set_ = step_set;
+  mixed_decode_rows_ = decode_rows;
+  mixed_prompt_rows_ = max_rows - decode_rows;
+  size_t free_before_mixed = 0;
+  TTT_CUDA(cudaMemGetInfo(&free_before_mixed, &total));
+  const absl::Time mixed_started = absl::Now();
+  TTT_RETURN_IF_ERROR(CaptureMixedGraphs());
   TTT_CUDA(cudaStreamSynchronize(stream_));
+  const absl::Time ended = absl::Now();
+  TTT_CUDA(cudaMemGetInfo(&free_after, &total));
+  auto mib = [](size_t before, size_t after) {
+    return (static_cast<double>(before) - static_cast<double>(after)) / (1 << 20);
+  };
+  preparation_ = absl::StrFormat(
+      "for steps of up to %d rows and %d decoding sequences in %.2f s and %.0f MiB of device "
+      "memory: buffers, products, %d decode graphs, and %d graphs of steps that mix prompts "
+      "with decode rows (%.2f s, %.0f MiB)",
+      max_rows, decode_rows, absl::ToDoubleSeconds(ended - started),
+      mib(free_before, free_after), graphs_.size(), mixed_graphs_.size(),
+      absl::ToDoubleSeconds(ended - mixed_started), mib(free_before_mixed, free_after));
   return absl::OkStatus();
 }
 
 absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool sample,
-                                 int64_t sampled_rows) {
+                                 int64_t sampled_rows, bool replays_graph) {
   const int set = step_set_;
   step_set_ = (step_set_ + 1) % kMaxStepsInFlight;
   TTT_CUDA(cudaEventRecord(finished_[set], stream_));
@@ -1093,7 +1314,8 @@ absl::Status CudaEngine::EndStep(bool has_output, int64_t output_rows, bool samp
   pending_.push_back({.has_output = has_output,
                       .output_rows = output_rows,
                       .sampled_rows = sampled_rows,
-                      .output_set = set});
+                      .output_set = set,
+                      .replays_graph = replays_graph});
   return absl::OkStatus();
 }
 
@@ -1107,6 +1329,7 @@ absl::Status CudaEngine::Complete(std::vector<float>* logits, std::vector<Sample
   TTT_CUDA(cudaEventElapsedTime(&milliseconds, step_start_[step.output_set],
                                 step_done_[step.output_set]));
   collected_device_time_ = absl::Milliseconds(milliseconds);
+  collected_replayed_graph_ = step.replays_graph;
   if (step.has_output) CollectOutputs(step, logits, tokens);
   return absl::OkStatus();
 }

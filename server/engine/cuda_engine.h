@@ -22,9 +22,11 @@ struct CudaEngineOptions {
   int device = 0;
   // The scheduler's prefill budget (prompt tokens per step). When set, the engine prepares at
   // start for the steps it implies, with decode rows for up to kPreparedDecodeRows sequences:
-  // buffers sized, every GEMM shape planned and run once (its kernel loaded), and a decode
-  // graph captured for every batch-size bucket, so that no request pays for those. Larger steps
-  // still run; they pay once.
+  // buffers sized, every GEMM shape planned and run once (its kernel loaded), a decode graph
+  // captured for every batch-size bucket, and a graph for every bucket of the steps that mix
+  // prompts with decode rows (up to 1,024 rows and 16 prompts), so that no request pays for
+  // those. Larger steps still run; they pay once, and mixed steps past those buckets, or past
+  // buffers grown for them, launch kernel by kernel.
   int64_t prefill_tokens_per_step = 0;
   static constexpr int64_t kPreparedDecodeRows = 1024;
   // Decode steps of a single sequence can run every layer in one persistent kernel

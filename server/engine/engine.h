@@ -105,9 +105,15 @@ class Engine {
   // FinishForwardAndSample), from its first operation on the device to its last; absent where
   // the backend does not measure it.
   virtual std::optional<absl::Duration> CollectedStepDeviceTime() const { return std::nullopt; }
+  // Whether the latest step collected ran as a graph captured before it (a launch for the whole
+  // step); absent where the backend does not capture steps.
+  virtual std::optional<bool> CollectedStepReplayedGraph() const { return std::nullopt; }
   // How a decode step of a single sequence runs, and why, where the backend has more than one
   // way (for the server's log and benchmark records); empty elsewhere.
   virtual std::string single_sequence_decode() const { return {}; }
+  // What the backend prepared at start for the steps it expects (graphs captured, and what they
+  // cost), for the server's log and benchmark records; empty where it prepares nothing.
+  virtual std::string preparation() const { return {}; }
 
  protected:
   // Whether the default Start has results that Finish has not taken, and is not computing

@@ -73,6 +73,12 @@ Metrics::Metrics(std::string engine_tier)
                                  "operation on the device to its last (GPU engines); phase as "
                                  "for ttt_step_duration_seconds.")
                            .Register(*registry_);
+  step_graph_launches_ =
+      &BuildCounter()
+           .Name("ttt_step_graph_launches_total")
+           .Help("Engine steps launched as one graph captured before them (GPU engines); phase as "
+                 "for ttt_step_duration_seconds, whose other steps launched kernel by kernel.")
+           .Register(*registry_);
   running_ = &BuildGauge().Name("ttt_num_requests_running").Help("Requests in the running batch.")
                   .Register(*registry_).Add({});
   waiting_ = &BuildGauge().Name("ttt_num_requests_waiting").Help("Requests waiting for a slot.")
@@ -99,6 +105,7 @@ Metrics::Metrics(std::string engine_tier)
   for (const char* phase : {"prefill", "decode"}) {
     step_duration_->Add({{"phase", phase}}, kStepBuckets);
     step_device_time_->Add({{"phase", phase}}, kStepBuckets);
+    step_graph_launches_->Add({{"phase", phase}});
   }
   auto& scheduler_seconds =
       BuildCounter()
@@ -141,7 +148,8 @@ void Metrics::TokenGenerated(bool first, absl::Duration since_previous) {
 }
 
 void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration,
-                           std::optional<absl::Duration> device_time) {
+                           std::optional<absl::Duration> device_time,
+                           std::optional<bool> replayed_graph) {
   batch_size_->Observe(static_cast<double>(batch_rows));
   const char* phase = prefill_tokens > 0 ? "prefill" : "decode";
   step_duration_->Add({{"phase", phase}}, kStepBuckets).Observe(absl::ToDoubleSeconds(duration));
@@ -149,6 +157,7 @@ void Metrics::StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Dur
     step_device_time_->Add({{"phase", phase}}, kStepBuckets)
         .Observe(absl::ToDoubleSeconds(*device_time));
   }
+  if (replayed_graph.value_or(false)) step_graph_launches_->Add({{"phase", phase}}).Increment();
 }
 
 void Metrics::SessionResumedFromHost() { session_resumes_->Increment(); }

@@ -51,10 +51,11 @@ class Metrics {
   // A generated token; `since_previous` is the time since the request's previous token (or, for
   // the first, since its arrival).
   void TokenGenerated(bool first, absl::Duration since_previous);
-  // One engine step: rows in the batch, prompt tokens in it, time taken (and the device's time
-  // on it, where the engine measures that).
+  // One engine step: rows in the batch, prompt tokens in it, time taken (and, where the engine
+  // tells, the device's time on it and whether it ran as a graph captured before it).
   void StepFinished(int64_t batch_rows, int64_t prefill_tokens, absl::Duration duration,
-                    std::optional<absl::Duration> device_time);
+                    std::optional<absl::Duration> device_time,
+                    std::optional<bool> replayed_graph = std::nullopt);
   void SessionResumedFromHost();
   void SchedulerTime(SchedulerPhase phase, absl::Duration duration);
   void SchedulerState(const SchedulerStats& stats, size_t state_bytes_per_sequence,
@@ -70,6 +71,7 @@ class Metrics {
   prometheus::Histogram* batch_size_;
   prometheus::Family<prometheus::Histogram>* step_duration_;
   prometheus::Family<prometheus::Histogram>* step_device_time_;
+  prometheus::Family<prometheus::Counter>* step_graph_launches_;
   prometheus::Counter* scheduler_seconds_[kSchedulerPhases];
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

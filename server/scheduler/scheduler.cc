@@ -604,7 +604,8 @@ void Scheduler::CompleteStep() {
     // A step queued behind another starts when that one ends.
     const absl::Duration took = step_end - std::max(step.start, previous_step_end_);
     metrics_->StepFinished(static_cast<int64_t>(step.batch.size()), step.prefill_tokens, took,
-                           engine_->CollectedStepDeviceTime());
+                           engine_->CollectedStepDeviceTime(),
+                           engine_->CollectedStepReplayedGraph());
   }
   previous_step_end_ = step_end;
 

@@ -35,9 +35,12 @@ int DecodeSteps(int full) {
 }
 
 std::unique_ptr<Engine> MakeCudaEngine(std::shared_ptr<const Model> model,
-                                       WeightPrecision precision, int64_t max_sequences = 64) {
+                                       WeightPrecision precision, int64_t max_sequences = 64,
+                                       int64_t prefill_tokens_per_step = 0) {
   auto engine = CreateCudaEngine(std::move(model),
-                                 {.precision = precision, .max_sequences = max_sequences});
+                                 {.precision = precision,
+                                  .max_sequences = max_sequences,
+                                  .prefill_tokens_per_step = prefill_tokens_per_step});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
 }
@@ -1060,7 +1063,8 @@ TEST_F(CudaEngineStateTest, StepsQueuedBehindTheOneInFlightTakeItsTokens) {
 // flight is finished, its single tokens taking that step's. Returns each step's tokens by
 // sequence: the stayers', then the joiners' in the order they joined.
 std::vector<std::map<int, SampledToken>> RunWithJoiners(Engine& engine, int stayers, int steps,
-                                                        bool pipelined) {
+                                                        bool pipelined,
+                                                        int* replayed_graphs = nullptr) {
   const int32_t vocab = static_cast<int32_t>(engine.config().vocab_size);
   std::mt19937 rng(7);  // The same steps on every engine.
   std::uniform_int_distribution<int32_t> token(0, vocab - 1);
@@ -1083,6 +1087,7 @@ std::vector<std::map<int, SampledToken>> RunWithJoiners(Engine& engine, int stay
     std::vector<SampledToken> tokens;
     const absl::Status status = engine.FinishForwardAndSample(&tokens);
     EXPECT_TRUE(status.ok()) << status;
+    if (replayed_graphs != nullptr) *replayed_graphs += *engine.CollectedStepReplayedGraph();
     const std::vector<int> order = std::move(in_flight.front());
     in_flight.erase(in_flight.begin());
     EXPECT_EQ(tokens.size(), order.size());
@@ -1140,30 +1145,135 @@ std::shared_ptr<const Model> JoinersModel(TttLayerType inner) {
 }
 
 // Joining sequences' steps (two in flight, as the server runs them) choose the CPU engine's
-// tokens, the joiners' first tokens among them, each in its chunk's place in the batch.
+// tokens, the joiners' first tokens among them, each in its chunk's place in the batch: kernel by
+// kernel, and as the graphs an engine prepared for a prefill budget captured at start.
 TEST(CudaJoinersTest, StepsThatTakeJoinersChooseTheCpuEnginesTokens) {
   SKIP_WITHOUT_GPU();
   for (const TttLayerType inner : {TttLayerType::kLinear, TttLayerType::kMlp}) {
-    SCOPED_TRACE(inner == TttLayerType::kMlp ? "mlp" : "linear");
     const auto model = JoinersModel(inner);
-    auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32);
-    ASSERT_NE(gpu, nullptr);
     CpuEngine cpu(model);
     const int steps = DecodeSteps(40);
-    const auto got = RunWithJoiners(*gpu, 10, steps, /*pipelined=*/true);
     const auto expected = RunWithJoiners(cpu, 10, steps, /*pipelined=*/false);
-    ASSERT_EQ(got.size(), expected.size());
-    int tokens = 0;
-    for (size_t step = 0; step < got.size(); ++step) {
-      ASSERT_EQ(got[step].size(), expected[step].size()) << "step " << step;
-      for (const auto& [index, want] : expected[step]) {
-        ASSERT_TRUE(got[step].contains(index)) << "step " << step << " sequence " << index;
-        EXPECT_EQ(got[step].at(index).id, want.id) << "step " << step << " sequence " << index;
-        EXPECT_NEAR(got[step].at(index).logprob, want.logprob, 1e-4);
-        ++tokens;
+    for (const int64_t prefill_budget : {0, 64}) {
+      SCOPED_TRACE(absl::StrCat(inner == TttLayerType::kMlp ? "mlp" : "linear",
+                                ", prefill budget ", prefill_budget));
+      auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32, 64, prefill_budget);
+      ASSERT_NE(gpu, nullptr);
+      int replayed_graphs = 0;
+      const auto got = RunWithJoiners(*gpu, 10, steps, /*pipelined=*/true, &replayed_graphs);
+      ASSERT_EQ(got.size(), expected.size());
+      int tokens = 0;
+      for (size_t step = 0; step < got.size(); ++step) {
+        ASSERT_EQ(got[step].size(), expected[step].size()) << "step " << step;
+        for (const auto& [index, want] : expected[step]) {
+          ASSERT_TRUE(got[step].contains(index)) << "step " << step << " sequence " << index;
+          EXPECT_EQ(got[step].at(index).id, want.id) << "step " << step << " sequence " << index;
+          EXPECT_NEAR(got[step].at(index).logprob, want.logprob, 1e-4);
+          ++tokens;
+        }
+      }
+      EXPECT_GT(tokens, steps * 10);
+      // The first step (prompts alone) launches kernel by kernel; every third step after it
+      // takes no joiner (a decode graph); the others mix prompts in, as graphs when prepared.
+      const int decode_steps = (steps - 1) / 3;
+      EXPECT_EQ(replayed_graphs, prefill_budget > 0 ? steps - 1 : decode_steps);
+    }
+  }
+}
+
+// A step's decoding sequences and the prompts that join them (CudaEngine::MixedBucket).
+struct MixedShape {
+  int decode, prompts, prompt_tokens;
+  bool replays_graph;  // Whether the engine below has a graph for its bucket.
+};
+
+// For each shape: `decode` sequences take a prompt of their own, alone, then `rounds` steps mix
+// their next tokens with `prompts` new sequences' prompts (which leave after their step); the
+// GPU engine, prepared for a prefill budget of 64 tokens, chooses the CPU engine's tokens at
+// every step, and runs the mixed steps as graphs where the shape says.
+void ExpectMixedStepsChooseTheCpuEnginesTokens(const std::shared_ptr<const Model>& model,
+                                               std::span<const MixedShape> shapes, int rounds) {
+  auto gpu = MakeCudaEngine(model, WeightPrecision::kFloat32, 64, /*prefill_tokens_per_step=*/64);
+  ASSERT_NE(gpu, nullptr);
+  CpuEngine cpu(model);
+  const int32_t vocab = static_cast<int32_t>(model->config.vocab_size);
+  for (const MixedShape& shape : shapes) {
+    SCOPED_TRACE(absl::StrCat(shape.decode, " decoding, ", shape.prompts, " prompts of ",
+                              shape.prompt_tokens));
+    std::mt19937 rng(shape.decode * 100 + shape.prompts);
+    std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+    auto prompt = [&](int n) {
+      std::vector<int32_t> tokens(n);
+      for (int32_t& t : tokens) t = token(rng);
+      return tokens;
+    };
+    std::vector<SequenceSlot> on_gpu, on_cpu;
+    std::vector<std::vector<int32_t>> chunks;
+    for (int i = 0; i < shape.decode; ++i) {
+      on_gpu.push_back(*gpu->CreateSequence());
+      on_cpu.push_back(*cpu.CreateSequence());
+      chunks.push_back(prompt(3 + i % 5));
+    }
+    auto step = [&](std::span<const std::vector<int32_t>> tokens) {
+      std::vector<SequenceChunk> gpu_batch, cpu_batch;
+      for (size_t b = 0; b < tokens.size(); ++b) {
+        gpu_batch.push_back({on_gpu[b], tokens[b]});
+        cpu_batch.push_back({on_cpu[b], tokens[b]});
+      }
+      const std::vector<SamplingParams> params(tokens.size());
+      std::vector<SampledToken> from_gpu, from_cpu;
+      EXPECT_TRUE(gpu->ForwardAndSample(gpu_batch, params, &from_gpu).ok());
+      EXPECT_TRUE(cpu.ForwardAndSample(cpu_batch, params, &from_cpu).ok());
+      EXPECT_EQ(from_gpu.size(), from_cpu.size());
+      for (size_t b = 0; b < from_gpu.size() && b < from_cpu.size(); ++b) {
+        EXPECT_EQ(from_gpu[b].id, from_cpu[b].id) << "row " << b;
+        EXPECT_NEAR(from_gpu[b].logprob, from_cpu[b].logprob, 1e-4) << "row " << b;
+      }
+      return from_cpu;
+    };
+    std::vector<SampledToken> last = step(chunks);
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<int32_t>> mixed;
+      for (int i = 0; i < shape.decode; ++i) mixed.push_back({last[i].id});
+      for (int j = 0; j < shape.prompts; ++j) {
+        on_gpu.push_back(*gpu->CreateSequence());
+        on_cpu.push_back(*cpu.CreateSequence());
+        mixed.push_back(prompt(shape.prompt_tokens));
+      }
+      last = step(mixed);
+      EXPECT_EQ(gpu->CollectedStepReplayedGraph(), shape.replays_graph);
+      for (int j = 0; j < shape.prompts; ++j) {
+        EXPECT_TRUE(gpu->ReleaseSequence(on_gpu.back()).ok());
+        EXPECT_TRUE(cpu.ReleaseSequence(on_cpu.back()).ok());
+        on_gpu.pop_back();
+        on_cpu.pop_back();
       }
     }
-    EXPECT_GT(tokens, steps * 10);
+    for (size_t b = 0; b < on_gpu.size(); ++b) {
+      EXPECT_TRUE(gpu->ReleaseSequence(on_gpu[b]).ok());
+      EXPECT_TRUE(cpu.ReleaseSequence(on_cpu[b]).ok());
+    }
+  }
+}
+
+// Steps that mix prompts into decode rows run as graphs by bucket (CudaEngine::MixedBucket), with
+// rows that fill their bucket and rows that leave padding, and padding segments of both kinds;
+// steps past the buckets (more than 16 prompts; more rows than any bucket of their decode rows
+// holds, with a budget of 64) run kernel by kernel.
+TEST(CudaJoinersTest, MixedStepsAtTheirBucketsEdgesChooseTheCpuEnginesTokens) {
+  SKIP_WITHOUT_GPU();
+  const MixedShape shapes[] = {
+      {3, 1, 61, true},    // 64 rows and 4 segments: no padding.
+      {9, 2, 7, true},     // 23 rows: a bucket of 32; 16 segments, 14 of them decode ones.
+      {5, 3, 2, true},     // 11 rows: 16; 16 segments: 12 decode, 4 scanned (one empty).
+      {33, 5, 6, true},    // 63 rows: 64; 64 segments: 8 scanned or the ladder's step.
+      {5, 17, 2, false},   // 17 prompts.
+      {1, 1, 200, false},  // 201 rows: 256, past the 128 that one decode row and 64 prompt rows
+                           // take.
+  };
+  for (const TttLayerType inner : {TttLayerType::kLinear, TttLayerType::kMlp}) {
+    SCOPED_TRACE(inner == TttLayerType::kMlp ? "mlp" : "linear");
+    ExpectMixedStepsChooseTheCpuEnginesTokens(JoinersModel(inner), shapes, /*rounds=*/2);
   }
 }
 

@@ -592,7 +592,11 @@ TEST_F(ServerTest, ArrivalsWhileOthersDecodeJoinTogether) {
     return testing::MetricValue(server_->ScrapeMetrics(),
                                 "ttt_step_duration_seconds_count{phase=\"prefill\"}");
   };
-  const double before = steps_with_prompts();
+  auto graph_launches_with_prompts = [&] {
+    return testing::MetricValue(server_->ScrapeMetrics(),
+                                "ttt_step_graph_launches_total{phase=\"prefill\"}");
+  };
+  const double before = steps_with_prompts(), graph_launches_before = graph_launches_with_prompts();
 
   std::vector<Streamed> results(kStreams);
   std::vector<std::thread> arrivals;
@@ -619,6 +623,10 @@ TEST_F(ServerTest, ArrivalsWhileOthersDecodeJoinTogether) {
     EXPECT_EQ(results[r].ids, EngineGreedy(model(), {5, 6, 7, 8 + r}, 2)) << "request " << r;
   }
   EXPECT_EQ(steps_with_prompts() - before, 1);
+  // On the GPU that step ran as a graph the engine captured at start for the scheduler's prefill
+  // budget; the CPU engine captures none.
+  const bool gpu = server_->scheduler().engine().backend().starts_with("cuda");
+  EXPECT_EQ(graph_launches_with_prompts() - graph_launches_before, gpu ? 1 : 0);
 }
 
 // A lone arrival behind four decoding streams joins once it has waited its bound of steps (each

@@ -36,11 +36,14 @@ TestServer::TestServer(const TestServerOptions& options)
   EXPECT_TRUE(model.ok()) << model.status();
   model_ = *model;
   metrics_ = std::make_unique<Metrics>("cpu");
-  // TTT_TEST_BACKEND=cuda runs the same suite on the GPU (float32 weights, to compare exactly).
+  // TTT_TEST_BACKEND=cuda runs the same suite on the GPU (float32 weights, to compare exactly),
+  // the engine prepared for the scheduler's prefill budget as ttt-server prepares it.
   const char* backend = std::getenv("TTT_TEST_BACKEND");
-  auto engine = CreateEngine(model_, {.backend = backend != nullptr ? backend : "cpu",
-                                      .precision = WeightPrecision::kFloat32,
-                                      .max_sequences = options.max_sequences});
+  auto engine = CreateEngine(
+      model_, {.backend = backend != nullptr ? backend : "cpu",
+               .precision = WeightPrecision::kFloat32,
+               .max_sequences = options.max_sequences,
+               .prefill_tokens_per_step = options.scheduler.prefill_tokens_per_step});
   EXPECT_TRUE(engine.ok()) << engine.status();
   scheduler_ = std::make_unique<Scheduler>(*std::move(engine), options.scheduler, metrics_.get());
   service_.Ready(model_, scheduler_.get(), metrics_.get());
