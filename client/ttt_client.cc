@@ -1,8 +1,49 @@
 #include "client/ttt_client.h"
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/reflection.h>
 #include <grpcpp/generic/generic_stub.h>
 
+#include "server/util/utf8.h"
+
 namespace ttt::client {
+namespace {
+
+// proto3's strings must be UTF-8. A request that holds other bytes is refused only by the
+// server's parsing, as INTERNAL with an empty message; found here, it is INVALID_ARGUMENT naming
+// the field, as the server names the fields it refuses ("stopping.stop[1]: …").
+grpc::Status CheckUtf8(const google::protobuf::Message& message, const std::string& prefix = "") {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    const std::string name = prefix + field->name();
+    const int count = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string path = field->is_repeated() ? name + "[" + std::to_string(i) + "]" : name;
+      if (field->type() == FieldDescriptor::TYPE_STRING) {
+        std::string scratch;
+        const std::string& text =
+            field->is_repeated()
+                ? reflection->GetRepeatedStringReference(message, field, i, &scratch)
+                : reflection->GetStringReference(message, field, &scratch);
+        if (const size_t at = FirstInvalidUtf8(text); at != std::string::npos) {
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              path + ": not valid UTF-8 (byte " + std::to_string(at) + ")");
+        }
+      } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        const google::protobuf::Message& inner =
+            field->is_repeated() ? reflection->GetRepeatedMessage(message, field, i)
+                                 : reflection->GetMessage(message, field);
+        if (grpc::Status status = CheckUtf8(inner, path + "."); !status.ok()) return status;
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
 
 std::string StatusCodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {
@@ -31,8 +72,19 @@ void Client::Prepare(grpc::ClientContext* context) const {
   for (const auto& [key, value] : options_.metadata) context->AddMetadata(key, value);
 }
 
+template <typename Request, typename Response>
+grpc::Status Client::Call(grpc::Status (v1::TttService::Stub::*method)(grpc::ClientContext*,
+                                                                       const Request&, Response*),
+                          const Request& request, Response* response) {
+  if (grpc::Status invalid = CheckUtf8(request); !invalid.ok()) return invalid;
+  grpc::ClientContext context;
+  Prepare(&context);
+  return (stub_.get()->*method)(&context, request, response);
+}
+
 grpc::Status Client::Generate(const v1::GenerateRequest& request,
                               const std::function<bool(const v1::GenerateResponse&)>& on_response) {
+  if (grpc::Status invalid = CheckUtf8(request); !invalid.ok()) return invalid;
   grpc::ClientContext context;
   Prepare(&context);
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
@@ -91,6 +143,10 @@ class GenerateStream final : public grpc::ClientReadReactor<v1::GenerateResponse
 void Client::GenerateAsync(const v1::GenerateRequest& request,
                            std::function<void(const v1::GenerateResponse&)> on_response,
                            std::function<void(const grpc::Status&)> on_done) {
+  if (grpc::Status invalid = CheckUtf8(request); !invalid.ok()) {
+    on_done(invalid);
+    return;
+  }
   auto* stream = new GenerateStream(request, std::move(on_response), std::move(on_done));
   Prepare(stream->context());
   stub_->async()->Generate(stream->context(), stream->request(), stream);
@@ -98,91 +154,71 @@ void Client::GenerateAsync(const v1::GenerateRequest& request,
 }
 
 grpc::Status Client::Complete(const v1::GenerateRequest& request, v1::CompleteResponse* response) {
-  grpc::ClientContext context;
-  Prepare(&context);
-  return stub_->Complete(&context, request, response);
+  return Call(&v1::TttService::Stub::Complete, request, response);
 }
 
 grpc::Status Client::CreateSession(const std::string& id, v1::Session* session) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::CreateSessionRequest request;
   request.set_session_id(id);
-  return stub_->CreateSession(&context, request, session);
+  return Call(&v1::TttService::Stub::CreateSession, request, session);
 }
 
 grpc::Status Client::ForkSession(const std::string& source, const std::string& id,
                                  v1::Session* session) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::ForkSessionRequest request;
   request.set_source_session_id(source);
   request.set_session_id(id);
-  return stub_->ForkSession(&context, request, session);
+  return Call(&v1::TttService::Stub::ForkSession, request, session);
 }
 
 grpc::Status Client::GetSession(const std::string& id, v1::Session* session) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::GetSessionRequest request;
   request.set_session_id(id);
-  return stub_->GetSession(&context, request, session);
+  return Call(&v1::TttService::Stub::GetSession, request, session);
 }
 
 grpc::Status Client::DeleteSession(const std::string& id) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::DeleteSessionRequest request;
   request.set_session_id(id);
   v1::DeleteSessionResponse response;
-  return stub_->DeleteSession(&context, request, &response);
+  return Call(&v1::TttService::Stub::DeleteSession, request, &response);
 }
 
 grpc::Status Client::ExportSession(const std::string& id, v1::ExportSessionResponse* response) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::ExportSessionRequest request;
   request.set_session_id(id);
-  return stub_->ExportSession(&context, request, response);
+  return Call(&v1::TttService::Stub::ExportSession, request, response);
 }
 
 grpc::Status Client::ImportSession(const std::string& state, const std::string& id,
                                    v1::Session* session) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::ImportSessionRequest request;
   request.set_state(state);
   request.set_session_id(id);
-  return stub_->ImportSession(&context, request, session);
+  return Call(&v1::TttService::Stub::ImportSession, request, session);
 }
 
 grpc::Status Client::Tokenize(const std::string& text, bool add_bos, std::vector<int32_t>* ids) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::TokenizeRequest request;
   request.set_text(text);
   request.set_add_bos(add_bos);
   v1::TokenizeResponse response;
-  grpc::Status status = stub_->Tokenize(&context, request, &response);
+  grpc::Status status = Call(&v1::TttService::Stub::Tokenize, request, &response);
   ids->assign(response.ids().begin(), response.ids().end());
   return status;
 }
 
 grpc::Status Client::Detokenize(const std::vector<int32_t>& ids, std::string* text) {
-  grpc::ClientContext context;
-  Prepare(&context);
   v1::DetokenizeRequest request;
   request.mutable_ids()->Add(ids.begin(), ids.end());
   v1::DetokenizeResponse response;
-  grpc::Status status = stub_->Detokenize(&context, request, &response);
+  grpc::Status status = Call(&v1::TttService::Stub::Detokenize, request, &response);
   *text = response.text();
   return status;
 }
 
 grpc::Status Client::GetModelInfo(v1::ModelInfo* info) {
-  grpc::ClientContext context;
-  Prepare(&context);
-  return stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), info);
+  return Call(&v1::TttService::Stub::GetModelInfo, v1::GetModelInfoRequest(), info);
 }
 
 grpc::Status Client::Health(ServingStatus* serving) {

@@ -65,6 +65,12 @@ class Client {
 
  private:
   void Prepare(grpc::ClientContext* context) const;
+  // A unary call with the client's deadline and metadata, once the request's strings are
+  // checked to be UTF-8 (INVALID_ARGUMENT naming the field where one is not).
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (v1::TttService::Stub::*method)(grpc::ClientContext*,
+                                                                 const Request&, Response*),
+                    const Request& request, Response* response);
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/model/sentencepiece_model.h"
+#include "server/util/utf8.h"
 
 namespace ttt {
 namespace {
@@ -27,26 +28,6 @@ class SentencePieceTokenizer : public Tokenizer {
  private:
   std::unique_ptr<SentencePieceModel> model_;
 };
-
-// Length of the UTF-8 sequence led by `lead`, or 0 if it cannot lead one.
-int Utf8SequenceLength(uint8_t lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  return 0;
-}
-
-// Whether `byte` may be the continuation byte at `index` (1..3) after `lead` (RFC 3629 table).
-bool ValidContinuation(uint8_t lead, int index, uint8_t byte) {
-  if (index == 1) {
-    if (lead == 0xE0) return byte >= 0xA0 && byte <= 0xBF;
-    if (lead == 0xED) return byte >= 0x80 && byte <= 0x9F;
-    if (lead == 0xF0) return byte >= 0x90 && byte <= 0xBF;
-    if (lead == 0xF4) return byte >= 0x80 && byte <= 0x8F;
-  }
-  return byte >= 0x80 && byte <= 0xBF;
-}
 
 }  // namespace
 

@@ -97,6 +97,42 @@ TEST_F(ClientLibraryTest, AsyncStreamErrorsArriveAsAStatusNamingTheField) {
   EXPECT_TRUE(async.ids.empty());
 }
 
+// proto3 strings must be UTF-8: the server's parsing refuses other bytes as INTERNAL with no
+// message, so the client refuses them first, naming the field as the server names the fields it
+// refuses, and sends nothing.
+TEST_F(ClientLibraryTest, StringsThatAreNotUtf8AreRefusedNamingTheField) {
+  std::vector<int32_t> ids;
+  grpc::Status status = client_->Tokenize("ok\xFF", /*add_bos=*/false, &ids);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "text: not valid UTF-8 (byte 2)");
+
+  v1::GenerateRequest request = GreedyRequest({1, 2, 3}, 4);
+  request.mutable_stopping()->add_stop("fine");
+  request.mutable_stopping()->add_stop("\xC0\xAF");  // An overlong '/'.
+  status = client_->Generate(request, [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "stopping.stop[1]: not valid UTF-8 (byte 0)");
+  AsyncResult async;
+  StartAsync(*client_, request, &async);
+  ASSERT_TRUE(async.done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(async.status.error_message(), "stopping.stop[1]: not valid UTF-8 (byte 0)");
+  EXPECT_EQ(async.done_calls, 1);
+
+  v1::Session session;
+  status = client_->CreateSession("chat\xE6", &session);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "session_id: not valid UTF-8 (byte 4)");
+
+  // Text that is UTF-8 goes through, and so do a state's bytes (a bytes field): the server judges
+  // them (this model has no tokenizer, so no stop strings).
+  request.mutable_stopping()->set_stop(1, "\xC3\xA9");  // é
+  status = client_->Generate(request, [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(status.error_message(), "stopping.stop: stop strings need a tokenizer");
+  status = client_->ImportSession(std::string("\xFF\xFE", 2), "imported", &session);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("state: saved state is corrupt"));
+}
+
 TEST_F(ClientLibraryTest, ManyAsyncStreamsOnOneClientEachGetTheirOwnTokens) {
   constexpr int kStreams = 32;
   std::vector<AsyncResult> results(kStreams);

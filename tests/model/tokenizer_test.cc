@@ -6,6 +6,7 @@
 
 #include "server/model/sentencepiece_model.h"
 #include "server/model/tokenizer.h"
+#include "server/util/utf8.h"
 #include "tests/test_support.h"
 
 namespace ttt {
@@ -15,11 +16,7 @@ using ::testing::HasSubstr;
 
 constexpr char kMixedText[] = "a naïve café in 東京 🚀 state";
 
-// Whether `text` is well-formed UTF-8.
-bool IsValidUtf8(const std::string& text) {
-  std::string copy = text;
-  return TakeCompleteUtf8(&copy, /*final=*/true) == text && copy.empty();
-}
+bool IsValidUtf8(const std::string& text) { return FirstInvalidUtf8(text) == std::string::npos; }
 
 // Streams `ids` and returns each token's piece.
 std::vector<std::string> StreamPieces(const Tokenizer& tokenizer, const std::vector<int32_t>& ids) {
