@@ -18,25 +18,31 @@ grpc::Status CheckUtf8(const google::protobuf::Message& message, const std::stri
   std::vector<const FieldDescriptor*> fields;
   reflection->ListFields(message, &fields);
   for (const FieldDescriptor* field : fields) {
-    const std::string name = prefix + field->name();
+    const bool text = field->type() == FieldDescriptor::TYPE_STRING;
+    // Numbers and bytes need no check: a prompt's ten thousand ids are not walked one by one.
+    if (!text && field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
     const int count = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    auto path = [&](int i) {
+      std::string at = prefix + field->name();
+      if (field->is_repeated()) at += '[' + std::to_string(i) + ']';
+      return at;
+    };
     for (int i = 0; i < count; ++i) {
-      const std::string path = field->is_repeated() ? name + "[" + std::to_string(i) + "]" : name;
-      if (field->type() == FieldDescriptor::TYPE_STRING) {
+      if (text) {
         std::string scratch;
-        const std::string& text =
+        const std::string& value =
             field->is_repeated()
                 ? reflection->GetRepeatedStringReference(message, field, i, &scratch)
                 : reflection->GetStringReference(message, field, &scratch);
-        if (const size_t at = FirstInvalidUtf8(text); at != std::string::npos) {
+        if (const size_t at = FirstInvalidUtf8(value); at != std::string::npos) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              path + ": not valid UTF-8 (byte " + std::to_string(at) + ")");
+                              path(i) + ": not valid UTF-8 (byte " + std::to_string(at) + ")");
         }
-      } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      } else {
         const google::protobuf::Message& inner =
             field->is_repeated() ? reflection->GetRepeatedMessage(message, field, i)
                                  : reflection->GetMessage(message, field);
-        if (grpc::Status status = CheckUtf8(inner, path + "."); !status.ok()) return status;
+        if (grpc::Status status = CheckUtf8(inner, path(i) + "."); !status.ok()) return status;
       }
     }
   }
